@@ -1,0 +1,27 @@
+"""daskann: train neural networks in parallel on Dask.
+
+Three published methods over one numeric core: network-parallel training by
+Cannon's algorithm (:class:`NPTTrainer`), multigrid in time over training
+steps (:class:`MGRITTrainer`) and partitioned pre-training
+(:class:`PartitionTrainer`), each tested against :class:`SerialTrainer`.
+"""
+
+from daskann._base import TrainingDiverged
+from daskann.data import BatchOrder
+from daskann.nn import MLP, SGD
+from daskann.serial import SerialTrainer
+from daskann.store import Checkpoint, StoreError, load_checkpoint, save_checkpoint
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MLP",
+    "SGD",
+    "BatchOrder",
+    "Checkpoint",
+    "SerialTrainer",
+    "StoreError",
+    "TrainingDiverged",
+    "load_checkpoint",
+    "save_checkpoint",
+]
