@@ -85,6 +85,8 @@ class BaseTrainer:
     checkpoint_every : int or None
         Checkpoint every this many steps (and at the end) when
         ``checkpoint_dir`` is set.
+    verbose : int
+        0 is silent; 1 shows a progress bar on stderr.
     """
 
     method = "base"
@@ -106,6 +108,7 @@ class BaseTrainer:
         eval_every=None,
         checkpoint_dir=None,
         checkpoint_every=None,
+        verbose=0,
     ):
         self.hidden_sizes = hidden_sizes
         self.activation = activation
@@ -121,6 +124,7 @@ class BaseTrainer:
         self.eval_every = eval_every
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = checkpoint_every
+        self.verbose = verbose
 
     # -- scikit-learn parameter protocol ----------------------------------------
     @classmethod
@@ -182,6 +186,8 @@ class BaseTrainer:
 
     def _check_data(self, X, y, validation_data, settings, model: MLP | None = None) -> TrainingData:
         dtype = settings["dtype"]
+        if model is not None and not isinstance(model, MLP):
+            raise invalid("init_model", type(model).__name__, "an MLP or None", TypeError)
         n_in = model.sizes[0] if model is not None else None
         n_out = model.sizes[-1] if model is not None else None
         X = check_features(X, name="X", dtype=dtype, n_features=n_in)
@@ -288,9 +294,12 @@ class BaseTrainer:
         attrs["method"] = self.method
         return {k: ("" if v is None else v) for k, v in attrs.items()}
 
-    def _save_checkpoint(self, model, velocity, step, order, settings, extra=None) -> Path | None:
+    def _save_checkpoint(self, model, velocity, step, order, settings, extra=None, history=None) -> Path | None:
+        """Checkpoint into ``checkpoint_dir`` (and the history so far beside it)."""
         if self.checkpoint_dir is None:
             return None
+        if history is not None:
+            store.save_history(history, Path(self.checkpoint_dir) / "history.zarr")
         ckpt = store.Checkpoint(
             model=model,
             velocity=velocity,

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
+from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._history import HistoryRecorder
+from daskann._progress import ProgressBar
 from daskann.nn import MLP, SGD
 
 
@@ -72,7 +75,7 @@ class SerialTrainer(BaseTrainer):
         if resume is not None:
             ckpt = self._load_resume(resume, settings, data, order)
             model, velocity, done = ckpt.model, ckpt.velocity, ckpt.step
-            history.extend_from(_previous_history(resume))
+            history.extend_from(_previous_history(resume, done))
         else:
             model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
             velocity, done = SGD.init_state(model.params), 0
@@ -95,6 +98,18 @@ class SerialTrainer(BaseTrainer):
         return self
 
     def _run(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
+        settings = self._settings
+        try:
+            # overflow is caught below and reported as divergence, not as numpy warnings
+            with np.errstate(over="ignore", invalid="ignore"):
+                self._steps(model, velocity, start, stop, history)
+        finally:
+            # also on divergence: keep the last finite state and the history so far
+            self.model_, self.velocity_ = model, velocity
+            self.n_steps_ = history.last_coord(default=start)
+            self.history_ = history.to_dataset(self._history_attrs(settings))
+
+    def _steps(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
         settings, data, order = self._settings, self._data, self.batch_order_
         optimizer = SGD(settings["lr"], settings["momentum"])
         params = model.params
@@ -102,39 +117,36 @@ class SerialTrainer(BaseTrainer):
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
         t0 = time.perf_counter() - history.last_value("time", default=0.0)
-        try:
-            for step in range(start, stop):
-                rows = order.indices(step)
-                value, grad_w, grad_b = model.loss_and_gradients(data.X[rows], data.y[rows], settings["loss"])
-                grads = [g for pair in zip(grad_w, grad_b) for g in pair]
-                if not np.isfinite(value) or not all(np.isfinite(g).all() for g in grads):
-                    raise TrainingDiverged(step + 1, "the loss or its gradients")
-                for dst, src in zip(backup, params + velocity):
+        bar = ProgressBar(stop, "serial", enabled=bool(self.verbose))
+        for step in range(start, stop):
+            rows = order.indices(step)
+            value, grad_w, grad_b = model.loss_and_gradients(data.X[rows], data.y[rows], settings["loss"])
+            grads = [g for pair in zip(grad_w, grad_b) for g in pair]
+            if not np.isfinite(value) or not all(np.isfinite(g).all() for g in grads):
+                raise TrainingDiverged(step + 1, "the loss or its gradients")
+            for dst, src in zip(backup, params + velocity):
+                np.copyto(dst, src)
+            optimizer.step(params, grads, velocity)
+            if not all(np.isfinite(p).all() for p in params):
+                for dst, src in zip(params + velocity, backup):
                     np.copyto(dst, src)
-                optimizer.step(params, grads, velocity)
-                if not all(np.isfinite(p).all() for p in params):
-                    for dst, src in zip(params + velocity, backup):
-                        np.copyto(dst, src)
-                    raise TrainingDiverged(step + 1, "the weights")
-                done = step + 1
-                row = {"loss": value, "time": time.perf_counter() - t0}
-                if done % eval_every == 0 or done == stop:
-                    row.update(self._evaluate(model, data.validation, settings["loss"]))
-                history.append(done, **row)
-                if self.checkpoint_dir is not None and (done == stop or (ckpt_every and done % ckpt_every == 0)):
-                    self._save_checkpoint(model, velocity, done, order, settings)
-        finally:
-            # also on divergence: keep the last finite state and the history so far
-            self.model_, self.velocity_ = model, velocity
-            self.n_steps_ = history.last_coord(default=start)
-            self.history_ = history.to_dataset(self._history_attrs(settings))
+                raise TrainingDiverged(step + 1, "the weights")
+            done = step + 1
+            row = {"loss": value, "time": time.perf_counter() - t0}
+            if done % eval_every == 0 or done == stop:
+                row.update(self._evaluate(model, data.validation, settings["loss"]))
+            history.append(done, **row)
+            bar.update(done, loss=value)
+            if self.checkpoint_dir is not None and (done == stop or (ckpt_every and done % ckpt_every == 0)):
+                self._save_checkpoint(
+                    model, velocity, done, order, settings, history=history.to_dataset(self._history_attrs(settings))
+                )
 
 
-def _previous_history(resume):
-    """History saved beside a resumed checkpoint, if any."""
-    from pathlib import Path
-
-    from daskann import store
-
+def _previous_history(resume, upto: int):
+    """History saved in a resumed run folder, up to the checkpoint's step."""
     path = Path(resume) / "history.zarr"
-    return store.load_history(path) if path.exists() else None
+    if not path.exists():
+        return None
+    history = store.load_history(path)
+    return history.sel(step=history["step"] <= upto)

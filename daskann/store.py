@@ -332,3 +332,71 @@ def load_history(path) -> xr.Dataset:
             raise DamagedStoreError(f"path={str(path)!r}: variable {name!r} is missing or fails its checksum")
     ds.attrs = {k: v for k, v in ds.attrs.items() if k != "daskann"}
     return ds
+
+
+#: verifiers of store kinds defined elsewhere (e.g. MGRIT trajectories): kind -> callable(path)
+VERIFIERS: dict = {}
+
+
+def _store_kind(path: Path) -> str | None:
+    meta_file = path / "zarr.json"
+    if not meta_file.is_file():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+    except ValueError:
+        return "unreadable"
+    daskann_meta = meta.get("attributes", {}).get("daskann")
+    return daskann_meta.get("kind") if isinstance(daskann_meta, dict) else None
+
+
+def _is_temporary(name: str) -> bool:
+    return ".tmp-" in name or ".old-" in name or name.endswith(".partial")
+
+
+def verify_path(path) -> dict:
+    """Scan a store or a run folder: checksums, missing arrays, orphan temporary files.
+
+    Returns ``{"ok": bool, "items": [{"path", "kind", "status", "detail"}]}``
+    where status is ``"ok"``, ``"damaged"`` or ``"orphan"``.
+    """
+    path = Path(path)
+    items = []
+
+    def check(store_path: Path, kind: str | None):
+        try:
+            if kind == "checkpoint":
+                load_checkpoint(store_path)
+            elif kind == "history":
+                load_history(store_path)
+            elif kind in VERIFIERS:
+                VERIFIERS[kind](store_path)
+            elif kind == "unreadable":
+                raise DamagedStoreError("zarr.json is not valid JSON")
+            else:
+                raise StoreError("not a daskann store")
+            items.append({"path": str(store_path), "kind": kind, "status": "ok", "detail": ""})
+        except (StoreError, OSError, ValueError) as exc:
+            items.append({"path": str(store_path), "kind": kind, "status": "damaged", "detail": str(exc)})
+
+    if _store_kind(path) is not None:
+        check(path, _store_kind(path))
+    else:
+        for root, dirs, files in os.walk(path):
+            root_path = Path(root)
+            for name in list(dirs) + files:
+                if _is_temporary(name):
+                    items.append({"path": str(root_path / name), "kind": None, "status": "orphan",
+                                  "detail": "temporary file left by an interrupted write"})
+            for name in list(dirs):
+                child = root_path / name
+                if _is_temporary(name):
+                    dirs.remove(name)
+                    continue
+                kind = _store_kind(child)
+                if kind is not None:
+                    check(child, kind)
+                    dirs.remove(name)  # the store's own files are checked by its loader
+        if not items:
+            items.append({"path": str(path), "kind": None, "status": "damaged", "detail": "no daskann store found"})
+    return {"ok": all(item["status"] == "ok" for item in items), "items": items}

@@ -81,3 +81,14 @@ def no_tasks_submitted(c: Client):
     yield
     after = scheduler_transitions(c)
     assert after == before, f"{after - before} task transitions happened; bad input must fail before submitting"
+
+
+def run_notebook(path, timeout: int = 600, cwd=None):
+    """Execute a notebook top to bottom with nbclient; returns the executed notebook."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(str(path), as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(cwd or path.parent)}}).execute()
+    return nb

@@ -1,0 +1,147 @@
+"""The numeric core: forward, backward, losses and SGD."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference_mlp import loss_and_grads
+
+from daskann.nn import MLP, SGD, cross_entropy_loss, dense_backward, mse_loss, softmax
+
+
+def _data(loss, n=12, n_in=5, n_out=3, seed=1):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n, n_in))
+    y = rng.integers(0, n_out, n) if loss == "cross_entropy" else rng.standard_normal((n, n_out))
+    return X, y
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+def test_gradients_match_finite_differences(activation, loss):
+    X, y = _data(loss)
+    net = MLP([5, 7, 6, 3], activation=activation, seed=3)
+    _, grad_w, grad_b = net.loss_and_gradients(X, y, loss)
+    eps = 1e-6
+    worst = 0.0
+    for params, grads in ((net.weights, grad_w), (net.biases, grad_b)):
+        for p, g in zip(params, grads):
+            numeric = np.zeros_like(p)
+            for idx in np.ndindex(p.shape):
+                old = p[idx]
+                p[idx] = old + eps
+                up = net.loss(X, y, loss)
+                p[idx] = old - eps
+                down = net.loss(X, y, loss)
+                p[idx] = old
+                numeric[idx] = (up - down) / (2 * eps)
+            worst = max(worst, np.max(np.abs(numeric - g)) / max(np.max(np.abs(g)), 1e-12))
+    assert worst < 1e-6
+
+
+@pytest.mark.parametrize("activation", ["relu", "leaky_relu"])
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+def test_gradients_match_independent_implementation(activation, loss):
+    X, y = _data(loss)
+    net = MLP([5, 8, 3], activation=activation, seed=4)
+    value, grad_w, grad_b = net.loss_and_gradients(X, y, loss)
+    ref_value, ref_w, ref_b = loss_and_grads(net.weights, net.biases, X, y, activation=activation, loss=loss)
+    assert value == pytest.approx(ref_value, rel=1e-13)
+    for g, r in zip(grad_w + grad_b, ref_w + ref_b):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-15)
+
+
+def test_initialisation_is_seeded_and_typed():
+    a, b = MLP([4, 6, 2], seed=5), MLP([4, 6, 2], seed=5)
+    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params))
+    assert not np.array_equal(a.weights[0], MLP([4, 6, 2], seed=6).weights[0])
+    net32 = MLP([4, 6, 2], dtype="float32")
+    assert all(p.dtype == np.float32 for p in net32.params)
+    assert net32.forward(np.ones((2, 4), np.float32)).dtype == np.float32
+    assert np.all(np.abs(a.weights[0]) <= 0.5) and a.n_parameters == 4 * 6 + 6 + 6 * 2 + 2
+
+
+def test_losses_follow_pytorch_definitions():
+    out = np.array([[1.0, 2.0], [0.0, -1.0]])
+    target = np.array([[0.0, 2.0], [1.0, 1.0]])
+    value, grad = mse_loss(out, target)
+    assert value == pytest.approx((1 + 0 + 1 + 4) / 4)
+    np.testing.assert_allclose(grad, 2 * (out - target) / 4)
+    logits = np.array([[1000.0, 0.0], [0.0, 0.0]])
+    value, grad = cross_entropy_loss(logits, np.array([0, 1]))
+    assert np.isfinite(value) and value == pytest.approx(np.log(2) / 2)
+    np.testing.assert_allclose(softmax(logits).sum(axis=1), 1.0)
+
+
+def test_softmax_output_with_mse_backpropagates_through_softmax():
+    X, y = _data("mse")
+    net = MLP([5, 4, 3], output="softmax", seed=2)
+    _, grad_w, _ = net.loss_and_gradients(X, y, "mse")
+    W = net.weights[0]
+    eps = 1e-6
+    W[0, 0] += eps
+    up = net.loss(X, y, "mse")
+    W[0, 0] -= 2 * eps
+    down = net.loss(X, y, "mse")
+    W[0, 0] += eps
+    assert grad_w[0][0, 0] == pytest.approx((up - down) / (2 * eps), rel=1e-6)
+
+
+def test_dense_backward_on_blocks_sums_to_whole():
+    rng = np.random.default_rng(0)
+    X, W, dZ = rng.standard_normal((6, 4)), rng.standard_normal((4, 5)), rng.standard_normal((6, 5))
+    dX, dW, db = dense_backward(dZ, X, W)
+    # the same gradient assembled from a 2x2 split of the contraction
+    dW_blocks = dense_backward(dZ[:3], X[:3], W)[1] + dense_backward(dZ[3:], X[3:], W)[1]
+    np.testing.assert_allclose(dW, dW_blocks, rtol=1e-14)
+    np.testing.assert_allclose(dX[:, :2], dZ @ W[:2].T)
+    np.testing.assert_allclose(db, dZ.sum(axis=0))
+
+
+def test_sgd_follows_pytorch_momentum():
+    w = np.array([1.0, 2.0])
+    v = np.zeros(2)
+    opt = SGD(lr=0.1, momentum=0.9)
+    opt.update(w, np.array([1.0, 1.0]), v)
+    np.testing.assert_allclose(w, [0.9, 1.9])
+    opt.update(w, np.array([1.0, 1.0]), v)
+    np.testing.assert_allclose(v, [1.9, 1.9])
+    np.testing.assert_allclose(w, [0.9 - 0.19, 1.9 - 0.19])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "name"),
+    [
+        ({"lr": 0.0}, ValueError, "lr"),
+        ({"lr": float("nan")}, ValueError, "lr"),
+        ({"lr": float("inf")}, ValueError, "lr"),
+        ({"momentum": 1.0}, ValueError, "momentum"),
+        ({"momentum": -0.1}, ValueError, "momentum"),
+    ],
+)
+def test_sgd_rejects_bad_settings(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        SGD(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "name"),
+    [
+        ({"activation": "tanh"}, ValueError, "activation"),
+        ({"output": "sigmoid"}, ValueError, "output"),
+        ({"dtype": "int32"}, TypeError, "dtype"),
+        ({"dtype": "float16"}, TypeError, "dtype"),
+    ],
+)
+def test_mlp_rejects_bad_settings(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        MLP([3, 4, 2], **kwargs)
+
+
+def test_mlp_rejects_bad_sizes_and_arrays():
+    with pytest.raises(ValueError, match="sizes"):
+        MLP([3])
+    with pytest.raises(ValueError, match=r"sizes\[1\]"):
+        MLP([3, 0, 2])
+    with pytest.raises(ValueError, match="layer 1"):
+        MLP.from_arrays([np.zeros((3, 4)), np.zeros((5, 2))], [np.zeros(4), np.zeros(2)])
