@@ -34,7 +34,7 @@ def training_options(func):
         click.option("--hidden", default="64", show_default=True, callback=_int_list,
                      help="Hidden layer widths, comma-separated."),
         click.option("--activation", type=click.Choice(["relu", "leaky_relu"]), default="relu", show_default=True),
-        click.option("--output-activation", "output", type=click.Choice(["linear", "softmax"]), default=None,
+        click.option("--output-activation", type=click.Choice(["linear", "softmax"]), default=None,
                      help="Output layer: linear (default for regression) or softmax (default for classification)."),
         click.option("--loss", type=click.Choice(["mse", "cross_entropy"]), default=None,
                      help="Loss; defaults to the data set's natural loss."),
@@ -133,7 +133,7 @@ def load_data(opts: dict):
 def trainer_settings(opts: dict, dataset) -> dict:
     """Keyword arguments of :class:`daskann._base.BaseTrainer` from the options."""
     loss = opts.get("loss") or dataset.loss
-    output = opts.get("output") or "linear"
+    output = opts.get("output_activation") or "linear"
     return {
         "hidden_sizes": opts["hidden"],
         "activation": opts["activation"],

@@ -1,0 +1,166 @@
+"""Checkpoints and histories: atomic, checksummed, verified on load."""
+
+from __future__ import annotations
+
+import pickletools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from daskann import MLP, SGD, SerialTrainer, store
+from daskann.data import make_linear
+
+
+def _checkpoint(dtype="float64"):
+    model = MLP([5, 7, 3], activation="leaky_relu", dtype=dtype, seed=2)
+    velocity = [np.random.default_rng(i).standard_normal(p.shape).astype(dtype) for i, p in enumerate(model.params)]
+    return store.Checkpoint(
+        model=model, velocity=velocity, step=17, batch_order={"n_samples": 10, "batch_size": 2, "seed": 0, "shuffle": True},
+        training={"method": "serial", "loss": "mse", "lr": 0.1, "momentum": 0.9},
+    )
+
+
+def _chunk_files(path: Path):
+    return sorted(p for p in path.rglob("*") if p.is_file() and "c" in p.relative_to(path).parts)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_checkpoint_round_trip_is_bit_exact(tmp_path, dtype):
+    ckpt = _checkpoint(dtype)
+    store.save_checkpoint(tmp_path / "c.zarr", ckpt)
+    loaded = store.load_checkpoint(tmp_path / "c.zarr")
+    assert loaded.step == 17 and loaded.training == ckpt.training and loaded.batch_order == ckpt.batch_order
+    assert loaded.model.get_config() == ckpt.model.get_config()
+    for a, b in zip(loaded.model.params + loaded.velocity, ckpt.model.params + ckpt.velocity):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert not list(tmp_path.glob(".*tmp-*")), "temporary store left behind"
+
+
+def test_overwriting_a_checkpoint_replaces_it_whole(tmp_path):
+    ckpt = _checkpoint()
+    store.save_checkpoint(tmp_path / "c.zarr", ckpt)
+    ckpt.step = 18
+    store.save_checkpoint(tmp_path / "c.zarr", ckpt)
+    assert store.load_checkpoint(tmp_path / "c.zarr").step == 18
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.zarr"]
+
+
+def test_flipped_byte_is_detected(tmp_path):
+    store.save_checkpoint(tmp_path / "c.zarr", _checkpoint())
+    chunk = next(p for p in _chunk_files(tmp_path / "c.zarr") if "weights" in str(p))
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(store.DamagedStoreError, match="weights"):
+        store.load_checkpoint(tmp_path / "c.zarr")
+
+
+def test_deleted_chunk_is_detected(tmp_path):
+    store.save_checkpoint(tmp_path / "c.zarr", _checkpoint())
+    next(p for p in _chunk_files(tmp_path / "c.zarr") if "velocity" in str(p)).unlink()
+    with pytest.raises(store.DamagedStoreError, match="velocity"):
+        store.load_checkpoint(tmp_path / "c.zarr")
+
+
+def test_truncated_metadata_and_foreign_stores_are_refused(tmp_path):
+    store.save_checkpoint(tmp_path / "c.zarr", _checkpoint())
+    meta = tmp_path / "c.zarr" / "zarr.json"
+    meta.write_text(meta.read_text()[:40])
+    with pytest.raises(store.DamagedStoreError, match="path="):
+        store.load_checkpoint(tmp_path / "c.zarr")
+    import zarr
+
+    zarr.open_group(str(tmp_path / "foreign.zarr"), mode="w").attrs["hello"] = 1
+    with pytest.raises(store.StoreError, match="not a daskann checkpoint"):
+        store.load_checkpoint(tmp_path / "foreign.zarr")
+    with pytest.raises(FileNotFoundError, match="path="):
+        store.load_checkpoint(tmp_path / "absent.zarr")
+
+
+def test_checkpoint_that_does_not_match_the_model_is_refused(tmp_path):
+    X, y = make_linear(40, 5, 3, seed=0)
+    SerialTrainer((7,), batch_size=8, checkpoint_dir=tmp_path).fit(X, y, steps=3)
+    with pytest.raises(store.StoreError, match="does not match.*sizes"):
+        SerialTrainer((6,), batch_size=8).fit(X, y, steps=5, resume=tmp_path)
+    with pytest.raises(store.StoreError, match="does not match.*batch order"):
+        SerialTrainer((7,), batch_size=4).fit(X, y, steps=5, resume=tmp_path)
+
+
+def test_run_folder_resume_skips_a_damaged_newest_checkpoint(tmp_path):
+    X, y = make_linear(40, 5, 3, seed=0)
+    SerialTrainer((7,), batch_size=8, checkpoint_dir=tmp_path, checkpoint_every=2).fit(X, y, steps=4)
+    newest = store.list_checkpoints(tmp_path)[0]
+    assert newest.name == "step-00000004.zarr"
+    next(p for p in _chunk_files(newest) if "weights" in str(p)).unlink()
+    with pytest.warns(RuntimeWarning, match="skipping damaged checkpoint"):
+        assert store.find_checkpoint(tmp_path).name == "step-00000002.zarr"
+    with pytest.warns(RuntimeWarning):
+        resumed = SerialTrainer((7,), batch_size=8).fit(X, y, steps=6, resume=tmp_path)
+    straight = SerialTrainer((7,), batch_size=8).fit(X, y, steps=6)
+    assert all(np.array_equal(a, b) for a, b in zip(resumed.model_.params, straight.model_.params))
+
+
+def test_history_round_trip_and_damage(tmp_path):
+    X, y = make_linear(40, 5, 3, seed=0)
+    trainer = SerialTrainer((7,), batch_size=8).fit(X, y, steps=6, validation_data=(X, y))
+    store.save_history(trainer.history_, tmp_path / "h.zarr")
+    loaded = store.load_history(tmp_path / "h.zarr")
+    assert loaded.equals(trainer.history_) and loaded["loss"].attrs["long_name"]
+    chunk = next(p for p in _chunk_files(tmp_path / "h.zarr") if "loss" in p.parts)
+    chunk.unlink()
+    with pytest.raises(store.DamagedStoreError, match="loss"):
+        store.load_history(tmp_path / "h.zarr")
+
+
+def test_prepare_run_dir_guards_foreign_folders(tmp_path):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(ValueError, match="output=.*not a daskann run"):
+        store.prepare_run_dir(foreign, method="serial", config={})
+    with pytest.raises(ValueError, match="output=.*thesis.tex"):
+        store.prepare_run_dir(foreign, method="serial", config={}, overwrite=True)
+    assert (foreign / "thesis.tex").read_text() == "precious"
+    run = store.prepare_run_dir(tmp_path / "run", method="serial", config={"lr": 0.1})
+    (run / "checkpoints").mkdir()
+    with pytest.raises(ValueError, match="already holds a daskann run"):
+        store.prepare_run_dir(run, method="serial", config={})
+    store.prepare_run_dir(run, method="serial", config={}, resume=True)
+    store.prepare_run_dir(run, method="serial", config={}, overwrite=True)
+    assert not (run / "checkpoints").exists()
+
+
+def test_verify_reports_damage_and_orphans(tmp_path):
+    X, y = make_linear(40, 5, 3, seed=0)
+    SerialTrainer((7,), batch_size=8, checkpoint_dir=tmp_path, checkpoint_every=2).fit(X, y, steps=4)
+    report = store.verify_path(tmp_path)
+    assert report["ok"] and {i["kind"] for i in report["items"]} == {"checkpoint", "history"}
+    (tmp_path / "checkpoints" / ".step-00000006.zarr.tmp-1234abcd").mkdir()
+    victim = store.list_checkpoints(tmp_path)[0]
+    next(p for p in _chunk_files(victim) if "biases" in str(p)).unlink()
+    report = store.verify_path(tmp_path)
+    statuses = {Path(i["path"]).name: i["status"] for i in report["items"]}
+    assert not report["ok"]
+    assert statuses[victim.name] == "damaged" and statuses[".step-00000006.zarr.tmp-1234abcd"] == "orphan"
+    assert statuses["step-00000002.zarr"] == "ok"
+
+
+def test_stored_artefacts_hold_no_pickles(tmp_path):
+    X, y = make_linear(40, 5, 3, seed=0)
+    SerialTrainer((7,), batch_size=8, checkpoint_dir=tmp_path).fit(X, y, steps=2)
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            # pickle protocol 2+ streams start with PROTO (0x80) followed by the protocol number
+            assert not (len(data) > 1 and data[0] == 0x80 and data[1] <= 5), path
+    assert pickletools  # the check above mirrors pickletools' PROTO opcode
+
+
+def test_sgd_state_is_part_of_the_checkpoint(tmp_path):
+    model = MLP([3, 4, 2])
+    velocity = SGD.init_state(model.params)
+    velocity[0][:] = 1.5
+    ckpt = store.Checkpoint(model=model, velocity=velocity, step=1, batch_order={}, training={})
+    store.save_checkpoint(tmp_path / "c.zarr", ckpt)
+    assert np.all(store.load_checkpoint(tmp_path / "c.zarr").velocity[0] == 1.5)
