@@ -1,0 +1,300 @@
+"""daskann.cluster on real processes: job scripts, listeners, BLAS threads, TLS, addresses."""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import stat
+import time
+
+import dask
+import psutil
+import pytest
+from distributed import Client
+
+from daskann.cluster import (
+    BLAS_ONE_THREAD,
+    available_profiles,
+    blas_info,
+    check_address,
+    client,
+    close,
+    jobqueue_cluster,
+    load_profile,
+    local_cluster,
+    resolve_client,
+    worker_addresses,
+)
+
+# the scheduler a profile test starts (the job script embeds its address) stays on loopback
+LOOPBACK_SCHEDULER = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
+WILDCARD = ("0.0.0.0", "::", "")
+
+
+def _needs_jobqueue():
+    pytest.importorskip("dask_jobqueue", reason="profiles need the hpc extra (dask-jobqueue)")
+
+
+def _needs_tls():
+    pytest.importorskip("cryptography", reason="Security.temporary() needs cryptography")
+
+
+def _listeners(pids) -> list[tuple[int, str, int]]:
+    """(pid, ip, port) of every listening inet socket of the given processes."""
+    found = []
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        found += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return found
+
+
+def _port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1].split("/")[0])
+
+
+# ---------------------------------------------------------------- profiles and job scripts
+
+
+@pytest.mark.parametrize(
+    "name, directives",
+    [
+        ("slurm", ["#SBATCH --cpus-per-task=8", "#SBATCH --mem=30G", "#SBATCH -t 01:00:00"]),
+        ("pbs", ["#PBS -l select=1:ncpus=8:mem=30GB", "#PBS -l walltime=01:00:00"]),
+    ],
+)
+def test_shipped_profile_job_script(name, directives, tmp_path):
+    _needs_jobqueue()
+    _needs_tls()
+    spec = load_profile(name)
+    assert spec["kind"] == name and spec["security"] is True
+    assert spec["cluster"]["scheduler_options"]["dashboard_address"].startswith("127.0.0.1:")
+    tls_dir = tmp_path / "tls"
+    tls_dir.mkdir(mode=0o755)
+    tls_dir.chmod(0o755)  # too open: daskann must tighten it before keys go in
+    cluster, scale = jobqueue_cluster(name, shared_temp_directory=str(tls_dir), scheduler_options=LOOPBACK_SCHEDULER)
+    try:
+        script = cluster.job_script()
+        assert scale == {"jobs": 2}
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        for line in directives:
+            assert line in script.splitlines(), script
+        for var in BLAS_ONE_THREAD:
+            assert f"export {var}=1" in script.splitlines(), script
+        command = script.strip().splitlines()[-1]
+        assert "-m distributed.cli.dask_worker tls://127.0.0.1:" in command
+        assert "--nthreads 1 " in command and "--nworkers 8 " in command and "--nanny" in command
+        assert "--local-directory ${TMPDIR:-/tmp}" in command
+        # temporary TLS credentials, written into the private folder
+        assert stat.S_IMODE(tls_dir.stat().st_mode) == 0o700
+        for flag in ("--tls-ca-file", "--tls-cert", "--tls-key"):
+            path = command.split(flag + " ", 1)[1].split()[0]
+            assert os.path.dirname(path) == str(tls_dir)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    finally:
+        cluster.close()
+
+
+def test_custom_profile_one_thread_per_process(tmp_path):
+    _needs_jobqueue()
+    profile = tmp_path / "site.yaml"
+    profile.write_text(
+        "kind: slurm\n"
+        "cluster:\n"
+        "  cores: 4\n  memory: 8GB\n  queue: short\n  account: proj42\n  walltime: '00:10:00'\n"
+        "  job_extra_directives: ['--constraint=skylake']\n"
+        "  job_script_prologue: ['module load python']\n"
+        "scale: {jobs: 3}\n"
+    )
+    cluster, scale = jobqueue_cluster(profile, scheduler_options=LOOPBACK_SCHEDULER)
+    try:
+        script = cluster.job_script()
+        lines = script.splitlines()
+        assert scale == {"jobs": 3}
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")  # no TLS asked for
+        for line in ("#SBATCH -p short", "#SBATCH -A proj42", "#SBATCH --cpus-per-task=4",
+                     "#SBATCH --constraint=skylake", "module load python", "export OPENBLAS_NUM_THREADS=1"):
+            assert line in lines, script
+        assert lines.index("module load python") < lines.index("export OMP_NUM_THREADS=1")
+        assert "--nthreads 1 " in lines[-1] and "--nworkers 4 " in lines[-1] and "--tls" not in script
+    finally:
+        cluster.close()
+
+    with pytest.raises(ValueError, match=r"processes in .*site\.yaml=2 is not valid: expected equal to cores \(4\)"):
+        jobqueue_cluster(profile, processes=2)
+
+
+def test_client_from_tls_profile(tmp_path):
+    """client(profile=...) end to end, without a batch system: no jobs asked for."""
+    _needs_jobqueue()
+    _needs_tls()
+    profile = tmp_path / "tls.yaml"
+    profile.write_text(
+        "kind: pbs\nsecurity: true\n"
+        f"cluster:\n  cores: 2\n  memory: 2GB\n  shared_temp_directory: {tmp_path / 'keys'}\n"
+        "  scheduler_options: {host: 127.0.0.1, dashboard_address: '127.0.0.1:0'}\n"
+        "scale: {}\n"
+    )
+    c = client(profile=profile, timeout=20)
+    try:
+        cluster = c.cluster
+        assert type(cluster).__name__ == "PBSCluster"
+        assert c.scheduler.address.startswith("tls://127.0.0.1:")  # the client speaks TLS with the cluster's keys
+        assert c.scheduler_info()["workers"] == {}
+        assert c.dashboard_link.startswith("http://127.0.0.1:")
+        assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+    finally:
+        close(c)
+    assert cluster.status.name == "closed"
+
+
+def test_load_profile_errors(tmp_path):
+    assert {"slurm", "pbs"} <= set(available_profiles())
+    with pytest.raises(FileNotFoundError, match=r"profile='nosuch' is not valid: .*'pbs', 'slurm'"):
+        load_profile("nosuch")
+    with pytest.raises(FileNotFoundError, match=r"profile=.*missing\.yaml"):
+        load_profile(tmp_path / "missing.yaml")
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("kind: lsf\ncluster: {cores: 1, memory: 1GB}\n")
+    with pytest.raises(ValueError, match=r"kind in .*bad\.yaml='lsf' is not valid: expected one of 'slurm', 'pbs'"):
+        load_profile(bad)
+    bad.write_text("kind: slurm\nclustre: {cores: 1}\n")
+    with pytest.raises(ValueError, match=r"keys of .*\['clustre'\]"):
+        load_profile(bad)
+    bad.write_text("kind: pbs\nscale: {workers: 2}\n")
+    with pytest.raises(ValueError, match=r"scale in .*expected a mapping with keys among jobs, n"):
+        load_profile(bad)
+    bad.write_text("kind: pbs\nsecurity: 'yes'\n")
+    with pytest.raises(ValueError, match=r"security in .*expected true or false"):
+        load_profile(bad)
+
+
+# ---------------------------------------------------------------- embedded cluster
+
+
+def test_embedded_cluster_listens_on_loopback_only(caplog):
+    caplog.set_level(logging.WARNING, logger="daskann.cluster")
+    me = os.getpid()
+    # the scheduler and nannies live in this process, beside other tests' clusters: compare
+    before = set(_listeners([me]))
+    c = client(n_workers=1)  # the default: dashboard on
+    try:
+        link = c.dashboard_link
+        assert link.startswith("http://127.0.0.1:")
+        assert f"Dask dashboard: {link}" in caplog.text
+        worker_pids = list(c.run(os.getpid).values())
+        ours = (set(_listeners([me])) - before) | set(_listeners(worker_pids))
+        assert not [item for item in ours if item[1] in WILDCARD], ours
+        assert {ip for _, ip, _ in ours} == {"127.0.0.1"}, ours
+        # the scheduler, its dashboard, the nanny and the worker's own sockets were all looked at
+        ports = {port for _, _, port in ours}
+        assert {_port(c.scheduler.address), _port(link), *map(_port, c.nthreads())} <= ports
+        assert len([item for item in ours if item[0] in worker_pids]) >= 2  # worker comm + its HTTP server
+
+        assert c.nthreads() == {addr: 1 for addr in c.nthreads()}
+        (libs,) = blas_info(c).values()
+        assert libs and all(lib["num_threads"] == 1 for lib in libs), libs
+    finally:
+        close(c)
+    assert c.status == "closed"
+
+
+def test_session_cluster_workers_one_thread_and_blas(client2):
+    assert set(client2.nthreads().values()) == {1}
+    info = blas_info(client2)
+    assert sorted(info) == sorted(worker_addresses(client2))
+    for libs in info.values():
+        assert libs, "numpy's BLAS is not loaded on the worker"
+        for lib in libs:
+            assert lib["num_threads"] == 1
+            assert {"internal_api", "num_threads", "architecture"} <= set(lib)
+            assert lib["internal_api"] in ("openblas", "mkl", "blis", "accelerate")
+    # BLAS limits added to Dask's own pre-spawn environment (memory trimming), not replacing it
+    expected = {**{k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()},
+                **BLAS_ONE_THREAD}
+    env = client2.run(lambda: {k: os.environ.get(k) for k in expected})
+    assert all(v == expected for v in env.values()), env
+
+
+def test_local_cluster_refuses_other_hosts():
+    with pytest.raises(TypeError, match="host='0.0.0.0' is not valid"):
+        local_cluster(1, host="0.0.0.0")
+
+
+# ---------------------------------------------------------------- addresses
+
+
+def test_unreachable_scheduler_fails_in_bounded_time():
+    start = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"address='tcp://127\.0\.0\.1:1'.*within 2 s"):
+        client("tcp://127.0.0.1:1", timeout=2)
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize("address", ["tcp://10.1.2.3:8786", "192.168.0.7:8786", "ws://example.org:8786"])
+def test_remote_plain_address_refused(address):
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"address='.*' is not valid: .*insecure=True"):
+        client(address, timeout=30)
+    assert time.monotonic() - start < 1  # refused before any connection attempt
+
+
+def test_check_address(caplog):
+    assert check_address("127.0.0.1:8786") == "tcp://127.0.0.1:8786"
+    for ok in ("tcp://localhost:8786", "tcp://[::1]:8786", "tls://10.1.2.3:8786", "wss://host.example:443"):
+        assert check_address(ok) == ok
+    with caplog.at_level(logging.WARNING, logger="daskann.cluster"):
+        assert check_address("tcp://10.1.2.3:8786", insecure=True) == "tcp://10.1.2.3:8786"
+    assert "without TLS" in caplog.text
+    for bad in ("http://127.0.0.1:8786", "tcp://127.0.0.1", "tcp://127.0.0.1:99999", "", None):
+        with pytest.raises(ValueError, match="address="):
+            check_address(bad)
+    with pytest.raises(ValueError, match="address/profile"):
+        client("tcp://127.0.0.1:1", profile="slurm")
+    with pytest.raises(ValueError, match="timeout=0.0 is not valid"):
+        client("tcp://127.0.0.1:1", timeout=0.0)
+
+
+# ---------------------------------------------------------------- TLS
+
+
+def test_tls_cluster_accepts_its_certificate_and_refuses_another():
+    _needs_tls()
+    from distributed.security import Security
+
+    security = Security.temporary()
+    cluster = local_cluster(1, dashboard=False, security=security, memory_limit="1GiB")
+    try:
+        address = cluster.scheduler_address
+        assert address.startswith("tls://127.0.0.1:")
+        c = client(address, security=security, timeout=20, quiet=True)
+        try:
+            assert c.submit(operator.add, 1, 2).result(timeout=30) == 3
+        finally:
+            close(c)
+
+        start = time.monotonic()
+        with pytest.raises(ConnectionError, match=rf"address='{address}'"):
+            client(address, security=Security.temporary(), timeout=5, quiet=True)
+        assert time.monotonic() - start < 15
+    finally:
+        cluster.close()
+
+
+# ---------------------------------------------------------------- resolve_client
+
+
+def test_resolve_client(client2):
+    with resolve_client(client2) as c:
+        assert c is client2
+    assert client2.status == "running"  # a given client is left open
+    with client2.as_current(), resolve_client() as c:
+        assert c is client2
+    with pytest.raises(TypeError, match="client='str' is not valid"):
+        with resolve_client("tcp://127.0.0.1:8786"):
+            pass
+    assert isinstance(client2, Client)
