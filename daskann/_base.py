@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 
@@ -180,9 +181,17 @@ class BaseTrainer:
             if self.checkpoint_every is None
             else check_int("checkpoint_every", self.checkpoint_every),
         }
-        if self.checkpoint_dir is not None and not isinstance(self.checkpoint_dir, (str, Path)):
-            raise invalid("checkpoint_dir", self.checkpoint_dir, "a folder path or None", TypeError)
+        if self.checkpoint_dir is not None:
+            if not isinstance(self.checkpoint_dir, (str, Path)):
+                raise invalid("checkpoint_dir", self.checkpoint_dir, "a folder path or None", TypeError)
+            store.check_writable_folder(self.checkpoint_dir)
         return s
+
+    def _run_lock(self):
+        """Exclusive claim on ``checkpoint_dir`` for the length of a fit (a no-op without one)."""
+        if self.checkpoint_dir is None:
+            return contextlib.nullcontext()
+        return store.RunLock(self.checkpoint_dir)
 
     def _check_data(self, X, y, validation_data, settings, model: MLP | None = None) -> TrainingData:
         dtype = settings["dtype"]

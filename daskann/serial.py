@@ -101,7 +101,7 @@ class SerialTrainer(BaseTrainer):
         settings = self._settings
         try:
             # overflow is caught below and reported as divergence, not as numpy warnings
-            with np.errstate(over="ignore", invalid="ignore"):
+            with self._run_lock(), np.errstate(over="ignore", invalid="ignore"):
                 self._steps(model, velocity, start, stop, history)
         finally:
             # also on divergence: keep the last finite state and the history so far

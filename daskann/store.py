@@ -14,6 +14,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import time
 import uuid
 import warnings
 from dataclasses import dataclass, field
@@ -400,3 +402,84 @@ def verify_path(path) -> dict:
         if not items:
             items.append({"path": str(path), "kind": None, "status": "damaged", "detail": "no daskann store found"})
     return {"ok": all(item["status"] == "ok" for item in items), "items": items}
+
+
+LOCK_NAME = ".daskann-lock"
+
+
+class RunLock:
+    """Exclusive claim on a run folder while a training writes to it.
+
+    The lock file is created with ``O_EXCL`` and holds the owner's host and
+    pid; a lock left by a process of this host that no longer exists is stale
+    and taken over.
+    """
+
+    def __init__(self, folder):
+        self.path = Path(folder) / LOCK_NAME
+        self._held = False
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and not self._is_stale(holder):
+                    raise StoreError(
+                        f"output={str(self.path.parent)!r} is being written by another run "
+                        f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
+                    ) from None
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(owner, f)
+            self._held = True
+            return self
+        raise StoreError(f"output={str(self.path.parent)!r}: could not take the run lock")
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None  # unreadable lock: treat as stale
+
+    @staticmethod
+    def _is_stale(holder: dict) -> bool:
+        if holder.get("host") != socket.gethostname():
+            return False
+        if holder.get("pid") == os.getpid():
+            return False
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, KeyError, ValueError, TypeError):
+            return False
+        return False
+
+    def release(self) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+            self._held = False
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def check_writable_folder(folder, name: str = "checkpoint_dir") -> Path:
+    """Refuse a folder that cannot be created or written, before any work starts."""
+    folder = Path(folder)
+    probe_parent = folder
+    while not probe_parent.exists():
+        probe_parent = probe_parent.parent
+    if not probe_parent.is_dir():
+        raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is a file, expected a folder")
+    if not os.access(probe_parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is not writable")
+    return folder

@@ -164,3 +164,53 @@ def test_sgd_state_is_part_of_the_checkpoint(tmp_path):
     ckpt = store.Checkpoint(model=model, velocity=velocity, step=1, batch_order={}, training={})
     store.save_checkpoint(tmp_path / "c.zarr", ckpt)
     assert np.all(store.load_checkpoint(tmp_path / "c.zarr").velocity[0] == 1.5)
+
+
+def test_a_run_folder_being_written_is_refused(tmp_path):
+    X, y = make_linear(40, 5, 3, seed=0)
+    with store.RunLock(tmp_path / "run"):
+        # the lock of a live process (this one, seen from a child's point of view) is respected
+        import subprocess
+        import sys
+
+        code = (
+            "from daskann import store\n"
+            f"store.RunLock({str(tmp_path / 'run')!r}).acquire()\n"
+        )
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0 and "being written by another run" in result.stderr
+    # released: training can take it
+    SerialTrainer((4,), batch_size=8, checkpoint_dir=tmp_path / "run").fit(X, y, steps=2)
+    assert not (tmp_path / "run" / store.LOCK_NAME).exists()
+
+
+def test_a_stale_lock_is_taken_over(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / store.LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": int(dead.stdout)}))
+    with store.RunLock(tmp_path):
+        pass
+
+
+def test_read_only_output_is_refused_before_training(tmp_path):
+    import os
+
+    X, y = make_linear(40, 5, 3, seed=0)
+    locked = tmp_path / "ro"
+    locked.mkdir()
+    os.chmod(locked, 0o500)
+    try:
+        if os.access(locked, os.W_OK):  # root ignores permission bits; use a file in the way instead
+            locked = tmp_path / "file"
+            locked.write_text("")
+            target = locked / "run"
+        else:
+            target = locked / "run"
+        with pytest.raises(ValueError, match="checkpoint_dir="):
+            SerialTrainer((4,), batch_size=8, checkpoint_dir=target).fit(X, y, steps=2)
+    finally:
+        os.chmod(tmp_path / "ro", 0o700)
