@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._history import HistoryRecorder
+from daskann._validation import check_int
 from daskann._progress import ProgressBar
 from daskann.nn import MLP, SGD
 
@@ -45,6 +48,34 @@ class SerialTrainer(BaseTrainer):
 
     method = "serial"
 
+    def __init__(
+        self,
+        hidden_sizes=(64,),
+        *,
+        activation="relu",
+        output="linear",
+        loss="mse",
+        lr=0.01,
+        momentum=0.0,
+        batch_size=32,
+        shuffle=True,
+        seed=0,
+        dtype="float64",
+        negative_slope=0.01,
+        eval_every=None,
+        checkpoint_dir=None,
+        checkpoint_every=None,
+        verbose=0,
+        blas_threads=1,
+    ):
+        super().__init__(
+            hidden_sizes, activation=activation, output=output, loss=loss, lr=lr, momentum=momentum,
+            batch_size=batch_size, shuffle=shuffle, seed=seed, dtype=dtype, negative_slope=negative_slope,
+            eval_every=eval_every, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            verbose=verbose,
+        )
+        self.blas_threads = blas_threads
+
     def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, init_model: MLP | None = None, resume=None):
         """Train from the initialisation (or ``init_model``, or a checkpoint).
 
@@ -67,6 +98,8 @@ class SerialTrainer(BaseTrainer):
         self
         """
         settings = self._check_settings()
+        if self.blas_threads is not None:
+            check_int("blas_threads", self.blas_threads)
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
@@ -101,7 +134,8 @@ class SerialTrainer(BaseTrainer):
         settings = self._settings
         try:
             # overflow is caught below and reported as divergence, not as numpy warnings
-            with self._run_lock(), np.errstate(over="ignore", invalid="ignore"):
+            limits = threadpool_limits(self.blas_threads, user_api="blas") if self.blas_threads else nullcontext()
+            with self._run_lock(), limits, np.errstate(over="ignore", invalid="ignore"):
                 self._steps(model, velocity, start, stop, history)
         finally:
             # also on divergence: keep the last finite state and the history so far
