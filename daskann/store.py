@@ -305,8 +305,8 @@ def save_history(history: xr.Dataset, path) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(target)
-    manifest = {name: array_digest(np.asarray(history[name].values)) for name in history.variables}
-    ds = history.copy()
+    ds = _encode_strings(history.copy())
+    manifest = {name: array_digest(np.asarray(ds[name].values)) for name in ds.variables}
     ds.attrs = {**history.attrs, "daskann": {"kind": "history", "format_version": FORMAT_VERSION, "manifest": manifest}}
     try:
         ds.to_zarr(str(tmp), mode="w-", consolidated=False, zarr_format=3)
@@ -333,6 +333,31 @@ def load_history(path) -> xr.Dataset:
         if name not in ds.variables or array_digest(np.asarray(ds[name].values)) != digest:
             raise DamagedStoreError(f"path={str(path)!r}: variable {name!r} is missing or fails its checksum")
     ds.attrs = {k: v for k, v in ds.attrs.items() if k != "daskann"}
+    return _decode_strings(ds)
+
+
+def _encode_strings(ds: xr.Dataset) -> xr.Dataset:
+    """Text variables (such as a training phase) as integer codes, CF ``flag_values`` style.
+
+    zarr 3 has no stable text type yet; codes keep history stores portable.
+    """
+    for name in list(ds.data_vars):
+        values = ds[name].values
+        if values.dtype.kind in "UO":
+            meanings = sorted({str(v) for v in values.ravel()})
+            codes = np.array([meanings.index(str(v)) for v in values.ravel()], dtype=np.int16).reshape(values.shape)
+            attrs = {**ds[name].attrs, "flag_values": list(range(len(meanings))), "flag_meanings": meanings}
+            ds[name] = (ds[name].dims, codes, attrs)
+    return ds
+
+
+def _decode_strings(ds: xr.Dataset) -> xr.Dataset:
+    for name in list(ds.data_vars):
+        attrs = dict(ds[name].attrs)
+        if "flag_meanings" in attrs:
+            meanings = list(attrs.pop("flag_meanings"))
+            attrs.pop("flag_values", None)
+            ds[name] = (ds[name].dims, np.array(meanings)[ds[name].values.astype(int)], attrs)
     return ds
 
 
