@@ -17,11 +17,21 @@ from daskann._cli_common import (
 )
 
 # method commands live with their method and load on first use
-TRAIN_COMMANDS: dict[str, str] = {}
-BENCH_COMMANDS: dict[str, str] = {}
-TOP_COMMANDS: dict[str, str] = {}
-# (name, "module:function") run in order by `daskann demo`; each takes a client, returns a summary dict
-DEMOS: list[tuple[str, str]] = [("serial", "daskann.demo:serial_demo")]
+TRAIN_COMMANDS = {
+    "npt": "daskann.npt.cli:train_command",
+    "partition": "daskann.partition.cli:train_command",
+}
+BENCH_COMMANDS = {
+    "npt": "daskann.npt.cli:bench_command",
+    "partition": "daskann.partition.cli:bench_command",
+}
+TOP_COMMANDS = {"plan": "daskann.npt.cli:plan_command"}
+# run in order by `daskann demo`; each takes a client and returns a summary dict
+DEMOS = [
+    ("serial", "daskann.demo:serial_demo"),
+    ("npt", "daskann.npt.demo:run_demo"),
+    ("partition", "daskann.partition.demo:run_demo"),
+]
 
 
 def _load(spec: str):

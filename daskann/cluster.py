@@ -470,8 +470,12 @@ def resolve_client(c: Client | None = None, *, n_workers: int | None = None):
 
 
 def worker_addresses(c: Client) -> list[str]:
-    """Addresses of the client's workers, sorted by worker name for a stable order."""
-    info = c.scheduler_info(n_workers=-1)["workers"]
+    """Addresses of the client's workers, sorted by worker name for a stable order.
+
+    Asks the scheduler itself: the client's cached ``scheduler_info`` can be
+    refreshed in the background with a copy that lists no workers.
+    """
+    info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]
     return [addr for addr, _ in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
 
 

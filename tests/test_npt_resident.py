@@ -1,0 +1,321 @@
+"""Resident NPT: worker-resident Cannon products against SerialTrainer.
+
+Every run here uses real process workers (one thread each) and the worker
+plugin's direct comm; results must equal SerialTrainer's in float64 whatever
+the grid, including grids with uneven blocks and cells sharing workers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+from conftest import no_tasks_submitted, scheduler_transitions
+
+from daskann import SerialTrainer, TrainingDiverged
+from daskann.data import make_linear
+from daskann.nn import SGD
+from daskann.npt._exchange import ExchangeAborted, ExchangeTimeout, Mailbox, open_namespaces
+from daskann.npt._resident_layout import Layout
+from daskann.npt.grid import ProcessGrid
+from daskann.npt.resident import ResidentError, _payload, exchange_latency, train_resident
+
+TOL = 1e-10
+
+
+@pytest.fixture(scope="module")
+def regression():
+    return make_linear(120, 7, 5, noise=0.1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def classification():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((120, 7))
+    return X, ((X[:, 0] + X[:, 1] > 0).astype(np.int64) + (X[:, 2] > 1)).astype(np.int64)
+
+
+def _setup(X, y, hidden, **kwargs):
+    """What NPTTrainer hands to train_resident, built by the base-trainer helpers."""
+    trainer = SerialTrainer(hidden, **kwargs)
+    settings = trainer._check_settings()
+    data = trainer._check_data(X, y, None, settings)
+    order = trainer._batch_order(settings, data.n_samples)
+    model = trainer._initial_model(settings, data.n_features, data.n_outputs, None)
+    return dict(model=model, velocity=SGD.init_state(model.params), X=data.X, y=data.y, order=order, settings=settings)
+
+
+def _rel(a, b):
+    """Largest difference relative to the largest entry (no overflow for huge weights)."""
+    scale = np.max(np.abs(b))
+    return float(np.max(np.abs(a - b)) / scale) if scale else float(np.max(np.abs(a)))
+
+
+def _run_and_compare(client, grid, X, y, hidden, steps=30, **kwargs):
+    serial = SerialTrainer(hidden, **kwargs).fit(X, y, steps=steps)
+    run_id = f"daskann-npt-test-{uuid.uuid4().hex[:8]}"
+    result = train_resident(client, grid, **_setup(X, y, hidden, **kwargs), start=0, stop=steps, run_id=run_id)
+    errors = [_rel(a, b) for a, b in zip(result.model.params, serial.model_.params, strict=True)]
+    errors += [_rel(a, b) for a, b in zip(result.velocity, serial.velocity_, strict=True)]
+    assert max(errors) < TOL, errors
+    assert result.diverged_step is None and len(result.rows) == steps
+    losses = np.array([r["loss"] for r in result.rows])
+    np.testing.assert_allclose(losses, serial.history_["loss"].values, rtol=1e-12)
+    return result, run_id
+
+
+@pytest.mark.parametrize(
+    "loss,activation,output",
+    [("mse", "relu", "linear"), ("cross_entropy", "leaky_relu", "linear"), ("mse", "leaky_relu", "softmax")],
+)
+def test_2x2_equals_serial(client4, regression, classification, loss, activation, output):
+    X, y = regression if loss == "mse" else classification
+    grid = ProcessGrid.from_client(client4, "2x2")
+    kwargs = dict(loss=loss, activation=activation, output=output, lr=0.05, momentum=0.9, batch_size=16, seed=3)
+    result, run_id = _run_and_compare(client4, grid, X, y, (12, 9), **kwargs)
+    rows = result.rows
+    assert all(r["bytes_moved"] > 0 and r["compute_time"] > 0 and r["comm_time"] >= 0 for r in rows)
+    # every worker's mailbox of the run is gone afterwards
+    left = client4.run(open_namespaces)
+    assert not [ns for names in left.values() for ns in names if ns.startswith(run_id)], left
+
+
+def test_eval_snapshots_are_the_models_of_those_steps(client4, regression):
+    X, y = regression
+    kwargs = dict(lr=0.05, momentum=0.5, batch_size=16, seed=4)
+    grid = ProcessGrid.from_client(client4, "2x2")
+    result = train_resident(
+        client4,
+        grid,
+        **_setup(X, y, (9,), **kwargs),
+        start=0,
+        stop=8,
+        run_id="daskann-npt-test-eval",
+        eval_fn=lambda done: done % 4 == 0,
+    )
+    assert sorted(result.snapshots) == [4, 8]
+    at4 = SerialTrainer((9,), **kwargs).fit(X, y, steps=4).model_
+    assert max(_rel(a, b) for a, b in zip(result.snapshots[4].params, at4.params, strict=True)) < TOL
+    assert max(_rel(a, b) for a, b in zip(result.snapshots[8].params, result.model.params, strict=True)) == 0
+
+
+def test_continues_from_a_later_step(client4, regression):
+    X, y = regression
+    kwargs = dict(lr=0.05, momentum=0.9, batch_size=16, seed=5)
+    first = SerialTrainer((8,), **kwargs).fit(X, y, steps=6)
+    full = SerialTrainer((8,), **kwargs).fit(X, y, steps=12)
+    setup = _setup(X, y, (8,), **kwargs)
+    setup.update(model=first.model_, velocity=first.velocity_)
+    grid = ProcessGrid.from_client(client4, "2x2")
+    result = train_resident(client4, grid, **setup, start=6, stop=12, run_id="daskann-npt-test-resume")
+    assert max(_rel(a, b) for a, b in zip(result.model.params, full.model_.params, strict=True)) < TOL
+    np.testing.assert_allclose([r["loss"] for r in result.rows], full.history_["loss"].values[6:], rtol=1e-12)
+
+
+def test_float32_keeps_its_dtype_and_follows_serial(client4, regression):
+    X, y = regression
+    kwargs = dict(lr=0.05, momentum=0.9, batch_size=16, seed=9, dtype="float32")
+    serial = SerialTrainer((10,), **kwargs).fit(X, y, steps=10)
+    grid = ProcessGrid.from_client(client4, "2x2")
+    result = train_resident(client4, grid, **_setup(X, y, (10,), **kwargs), start=0, stop=10, run_id="daskann-npt-f32")
+    assert all(p.dtype == np.float32 for p in result.model.params + result.velocity)
+    assert max(_rel(a, b) for a, b in zip(result.model.params, serial.model_.params, strict=True)) < 1e-5
+
+
+def test_3x3_uneven_blocks_on_shared_workers(client4, classification):
+    # 7 inputs, widths 10 and 8, 2 classes and batch 16: no size divisible by 3,
+    # and the 2-wide output leaves an empty block; 9 cells share 4 workers
+    X, y = classification
+    y = (y > 0).astype(np.int64)
+    grid = ProcessGrid.from_client(client4, "3x3", share_workers=True)
+    assert len(set(grid.workers)) == 4
+    kwargs = dict(loss="cross_entropy", lr=0.1, momentum=0.9, batch_size=16, seed=6)
+    _run_and_compare(client4, grid, X, y, (10, 8), **kwargs)
+
+
+@pytest.mark.parametrize("shape,loss", [("2x4", "mse"), ("4x2", "cross_entropy")])
+def test_rectangular_grids(client4, regression, classification, shape, loss):
+    X, y = regression if loss == "mse" else classification
+    grid = ProcessGrid.from_client(client4, shape, share_workers=True)
+    kwargs = dict(loss=loss, activation="leaky_relu", lr=0.05, momentum=0.9, batch_size=20, seed=7)
+    _run_and_compare(client4, grid, X, y, (10, 6), **kwargs)
+
+
+def test_layout_of_a_rectangular_grid():
+    grid = ProcessGrid.from_workers("2x4", [f"tcp://w{k}" for k in range(8)])
+    layout = Layout.build(grid, (7, 10, 5), 20)
+    assert layout.q == 4
+    # each process cell hosts two virtual cells of one virtual column
+    assert all(len(layout.cells_of(w)) == 2 for w in grid.workers)
+    assert {c[1] for c in layout.cells_of(grid.owner(1, 3))} == {3}
+    W = np.arange(50.0).reshape(10, 5)
+    blocks = {cell: layout.weight_block(0 + 1, cell, W) for cell in layout.cell_workers}
+    np.testing.assert_array_equal(layout.assemble_weight(1, blocks, W.dtype), W)
+
+
+def test_each_worker_gets_only_its_column_bands(regression):
+    X, y = regression
+    grid = ProcessGrid.from_workers("2x2", [f"tcp://w{k}" for k in range(4)])
+    setup = _setup(X, y, (8,), batch_size=16)
+    layout = Layout.build(grid, setup["model"].sizes, 16)
+    weights = 0
+    for worker in grid.workers:
+        payload = _payload(layout, worker, setup["model"], setup["velocity"], setup["X"], setup["y"], "mse")
+        # one column band of X (all samples: any row may be in a batch), never all of X
+        assert sum(band.shape[1] for band in payload["X"].values()) in (3, 4)
+        assert all(band.shape[0] == X.shape[0] for band in payload["X"].values())
+        weights += sum(w.size for w in payload["W"].values())
+    assert weights == setup["model"].n_parameters - sum(b.size for b in setup["model"].biases)
+
+
+def test_no_scheduler_round_trip_per_step(client4, regression):
+    X, y = regression
+    grid = ProcessGrid.from_client(client4, "2x2")
+    kwargs = dict(lr=0.05, batch_size=16, seed=8)
+
+    def transitions(steps):
+        run_id = f"daskann-npt-test-rt-{uuid.uuid4().hex[:8]}"
+        before = scheduler_transitions(client4)
+        train_resident(client4, grid, **_setup(X, y, (8,), **kwargs), start=0, stop=steps, run_id=run_id)
+        # wait until the scheduler forgot the run's keys, then count
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and client4.run_on_scheduler(
+            lambda dask_scheduler, p=run_id: any(str(k).startswith(p) for k in dask_scheduler.tasks)
+        ):
+            time.sleep(0.05)
+        return scheduler_transitions(client4) - before
+
+    few, many = transitions(2), transitions(20)
+    assert many == few, (few, many)
+    assert many <= 8 * len(set(grid.workers)), many  # a handful per worker, none per step
+
+
+def test_silent_peer_fails_within_the_timeout(client4, regression):
+    X, y = regression
+    grid = ProcessGrid.from_client(client4, "2x2")
+    busy = grid.owner(1, 1)
+    client4.run(importlib.import_module, "daskann.npt._resident_program")  # time the failure, not the imports
+    # the worker of cell (1, 1) is stuck in another task, so that cell never sends
+    blocker = client4.submit(time.sleep, 6, workers=[busy], pure=False, key=f"blocker-{uuid.uuid4().hex[:6]}")
+    deadline = time.monotonic() + 20
+    while (
+        client4.run(
+            lambda dask_worker, k=blocker.key: getattr(dask_worker.state.tasks.get(k), "state", None), workers=[busy]
+        )[busy]
+        != "executing"
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    run_id = f"daskann-npt-test-stuck-{uuid.uuid4().hex[:6]}"
+    t0 = time.monotonic()
+    with pytest.raises(ResidentError, match=r"sent nothing.*did not arrive within 1 s") as info:
+        train_resident(
+            client4, grid, **_setup(X, y, (8,), lr=0.05, batch_size=16), start=0, stop=5, run_id=run_id, timeout=1.0
+        )
+    elapsed = time.monotonic() - t0
+    assert elapsed < 6, elapsed
+    # the error names the silent cell and its worker, not just a waiting neighbour
+    assert "(1, 1)" in str(info.value) and busy in str(info.value), info.value
+    blocker.result()
+    left = client4.run(open_namespaces)
+    assert not [ns for names in left.values() for ns in names if ns.startswith(run_id)], left
+
+
+def test_killed_worker_fails_fast_and_clearly(client4, regression):
+    X, y = regression
+    grid = ProcessGrid.from_client(client4, "2x2")
+    victim = grid.owner(1, 0)
+    client4.run(importlib.import_module, "daskann.npt._resident_program")
+
+    def kill():
+        time.sleep(1.5)  # the resident task has seceded, so this runs beside it and ends the process
+        client4.submit(os._exit, 1, workers=[victim], pure=False, key=f"kill-{uuid.uuid4().hex[:6]}")
+
+    threading.Thread(target=kill, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ResidentError, match=r"\(cells \(1, 0\)\) left the cluster during training"):
+            train_resident(
+                client4,
+                grid,
+                **_setup(X, y, (8,), lr=0.01, batch_size=16),
+                start=0,
+                stop=3000,
+                run_id="daskann-npt-test-kill",
+                timeout=60.0,
+            )
+        # well before the 60 s receive timeout: the client saw the worker leave
+        assert time.monotonic() - t0 < 20
+        survivors = client4.run(open_namespaces)
+        assert not any(ns.startswith("daskann-npt-test-kill") for names in survivors.values() for ns in names)
+    finally:
+        client4.wait_for_workers(4, timeout=120)
+
+
+def test_divergence_stops_with_the_last_finite_state(client4, regression):
+    X, y = regression
+    kwargs = dict(lr=1e5, momentum=0.9, batch_size=16, seed=3)
+    serial = SerialTrainer((12, 9), **kwargs)
+    with pytest.raises(TrainingDiverged) as info:
+        serial.fit(X, y, steps=30)
+    grid = ProcessGrid.from_client(client4, "2x2")
+    result = train_resident(
+        client4, grid, **_setup(X, y, (12, 9), **kwargs), start=0, stop=30, run_id="daskann-npt-test-diverge"
+    )
+    assert result.diverged_step == info.value.step
+    assert len(result.rows) == info.value.step - 1
+    assert all(np.isfinite(p).all() for p in result.model.params + result.velocity)
+    assert max(_rel(a, b) for a, b in zip(result.model.params, serial.model_.params, strict=True)) < TOL
+
+
+def test_bad_input_fails_before_any_task(client4, regression):
+    X, y = regression
+    setup = _setup(X, y, (8,), batch_size=16)
+    grid = ProcessGrid.from_client(client4, "2x2")
+    with no_tasks_submitted(client4):
+        with pytest.raises(ValueError, match="stop"):
+            train_resident(client4, grid, **setup, start=5, stop=2, run_id="daskann-npt-test-bad")
+        with pytest.raises(ValueError, match="timeout"):
+            train_resident(client4, grid, **setup, start=0, stop=2, run_id="daskann-npt-test-bad", timeout=0)
+        ghost = ProcessGrid.from_workers("1x2", [grid.workers[0], "tcp://127.0.0.1:1"])
+        with pytest.raises(ValueError, match="grid"):
+            train_resident(client4, ghost, **setup, start=0, stop=2, run_id="daskann-npt-test-bad")
+
+
+def test_mailbox_times_out_and_aborts():
+    box = Mailbox()
+    t0 = time.monotonic()
+    with pytest.raises(ExchangeTimeout, match="block x from cell"):
+        box.get("x", 0.2, lambda: "block x from cell (0, 1)")
+    assert time.monotonic() - t0 < 2
+    threading.Timer(0.1, box.abort, args=("run stopped",)).start()
+    with pytest.raises(ExchangeAborted, match="run stopped"):
+        box.get("y", 10)
+    box2 = Mailbox()
+    threading.Timer(0.05, box2.put, args=("z", 3)).start()
+    assert box2.get("z", 10) == 3 and len(box2) == 0
+
+
+def test_heap_settings_last_while_resident_tasks_run(monkeypatch):
+    from daskann.npt import _resident_alloc
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as distributed's nanny starts workers
+    active = _resident_alloc._mallopt() is not None
+    with _resident_alloc.heap_for_blocks():
+        with _resident_alloc.heap_for_blocks():
+            assert _resident_alloc._users == (2 if active else 0)
+        assert _resident_alloc._users == (1 if active else 0)
+    assert _resident_alloc._users == 0
+
+
+def test_exchange_latency(client4):
+    figures = exchange_latency(client4, sizes=[8192, 1 << 20], repeats=3)
+    assert list(figures) == [8192, 1 << 20]
+    assert all(0 < t < 5 for t in figures.values())
+    with pytest.raises(ValueError, match="workers"):
+        exchange_latency(client4, workers=["tcp://a"])
