@@ -34,7 +34,7 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
         hidden, sub_steps, steps, eval_every = (64, 64), 100, 60, 20
     else:
         data = load_dataset("mnist1d", n_samples=4000, seed=0)
-        hidden, sub_steps, steps, eval_every = (256, 256, 256), 800, 800, 100
+        hidden, sub_steps, steps, eval_every = (128, 128, 128), 600, 400, 100
     trainer = PartitionTrainer(
         hidden, loss=data.loss, lr=0.05, momentum=0.9, batch_size=64, seed=0, eval_every=eval_every,
         k=2, combine="mean", noise=0.02, sub_steps=sub_steps, client=client,
