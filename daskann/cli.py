@@ -61,7 +61,7 @@ def main():
     """Train neural networks in parallel on Dask.
 
     Methods: serial (the reference), npt (Cannon network-parallel training),
-    mgrit (multigrid over training steps), partition (partitioned pre-training).
+    partition (partitioned pre-training).
     """
 
 
