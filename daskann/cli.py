@@ -19,10 +19,12 @@ from daskann._cli_common import (
 # method commands live with their method and load on first use
 TRAIN_COMMANDS = {
     "npt": "daskann.npt.cli:train_command",
+    "mgrit": "daskann.mgrit.cli:train_command",
     "partition": "daskann.partition.cli:train_command",
 }
 BENCH_COMMANDS = {
     "npt": "daskann.npt.cli:bench_command",
+    "mgrit": "daskann.mgrit.cli:bench_command",
     "partition": "daskann.partition.cli:bench_command",
 }
 TOP_COMMANDS = {"plan": "daskann.npt.cli:plan_command"}
@@ -30,6 +32,7 @@ TOP_COMMANDS = {"plan": "daskann.npt.cli:plan_command"}
 DEMOS = [
     ("serial", "daskann.demo:serial_demo"),
     ("npt", "daskann.npt.demo:run_demo"),
+    ("mgrit", "daskann.mgrit.demo:run_demo"),
     ("partition", "daskann.partition.demo:run_demo"),
 ]
 
@@ -61,7 +64,7 @@ def main():
     """Train neural networks in parallel on Dask.
 
     Methods: serial (the reference), npt (Cannon network-parallel training),
-    partition (partitioned pre-training).
+    mgrit (multigrid over training steps), partition (partitioned pre-training).
     """
 
 
