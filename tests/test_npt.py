@@ -131,10 +131,13 @@ def test_grid_matrix_round_trips_through_dask_arrays(client4):
     assert G.chunks == ((5, 5), (3, 3))
     client4.gather(list(G.futures.values()))
     where = client4.who_has(list(G.futures.values()))
-    for (i, j), block in zip(grid.cells(), [G.blocks[i][j] for i, j in grid.cells()]):
-        assert grid.owner(i, j) in where[block.key]
+    for i, j in grid.cells():
+        assert grid.owner(i, j) in where[G.blocks[i][j].key]
     np.testing.assert_array_equal(client4.compute(G.to_dask()).result(), A)
     np.testing.assert_array_equal(G.gather(client4), A)
+    relu = G.activated("relu", 0.0).to_dask()  # blocks read through a transform: tasks over the futures
+    del G  # the dask array alone keeps the blocks alive
+    np.testing.assert_array_equal(client4.compute(relu).result(), np.maximum(A, 0))
 
 
 # -- training equals SerialTrainer --------------------------------------------------------------

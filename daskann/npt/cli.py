@@ -186,7 +186,7 @@ def bench_command(output, nets, grids, steps, large_width, large_batch, large_st
         config.graph_steps = config.peer_steps = min(config.graph_steps, 3)
         config.resident_steps, config.serial_steps, config.warmup = 5, 10, 1
         config.large_width, config.large_batch = min(config.large_width, 256), min(config.large_batch, 256)
-        config.large_steps = 2
+        config.large_steps, config.large_warmup = 2, 1
         config.widths = config.widths[:2] if config.widths else []
         config.width_batch = 64
     log = (lambda *_: None) if as_json else click.echo

@@ -358,8 +358,8 @@ class GraphEngine:
                     target = (builder.ref(data.y_keys[i][0]), rows[r0:r1])
                 key = builder.add(f"{name}-loss-{i}", _kernels.loss_panel, z_specs, target, loss=s["loss"],
                                   n_batch=n_batch, size=n_batch * n_out, with_grad=with_grad, owner=owner)
-                line = [Block(key, (r1 - r0, c1 - c0), field="g", window=(0, r1 - r0, c0, c1), stored=(r1 - r0, n_out))
-                        for (c0, c1) in ZL.col_bounds]
+                line = [Block(key, (r1 - r0, c1 - c0), field="g", window=(0, r1 - r0, c0, c1),
+                              stored=(r1 - r0, n_out)) for (c0, c1) in ZL.col_bounds]
                 blocks.append(line)
         placement = [[grid.owner(i, 0)] * grid.cols for i in range(grid.rows)] if self.panel_loss else None
         dZ = GridMatrix(grid, ZL.shape, self.dtype, ZL.row_bounds, ZL.col_bounds, blocks, placement=placement)

@@ -166,7 +166,7 @@ class GridMatrix:
     def to_dask(self):
         """A chunked :class:`dask.array.Array` over the blocks (no data moves)."""
         import dask.array as da
-        from dask._task_spec import Task, TaskRef
+        from dask._task_spec import Task, TaskRef, parse_input
         from dask.highlevelgraph import HighLevelGraph
 
         from daskann.npt._kernels import view
@@ -179,12 +179,12 @@ class GridMatrix:
                 if b.field is None and b.window is None and self.transform is None:
                     dsk[key] = self.futures[b.key]
                 else:
-                    dsk[key] = Task(key, view, b.spec(TaskRef(b.key), transform=self.transform))
+                    # the future sits in the graph under its own key (keeping it alive), read through a window
+                    source = (f"{name}-source", i, j)
+                    dsk[source] = self.futures[b.key]
+                    dsk[key] = Task(key, view, parse_input(b.spec(TaskRef(source), transform=self.transform)))
         graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
-        arr = da.Array(graph, name, self.chunks, dtype=self.dtype, shape=self.shape)
-        # the dask array keeps the futures it refers to alive
-        arr._daskann_futures = [self.futures[b.key] for line in self.blocks for b in line]
-        return arr
+        return da.Array(graph, name, self.chunks, dtype=self.dtype, shape=self.shape)
 
     def gather(self, client) -> np.ndarray:
         """The whole matrix as a numpy array on the client."""

@@ -19,13 +19,6 @@ MODES = ("auto", "graph", "resident")
 PIPELINES = ("auto", "fused", "single", "double")
 _CHAINS = {"fused": 0, "single": 1, "double": 2}
 
-#: history variables NPTTrainer adds to the shared ones
-NPT_VARIABLES = {
-    "compute_time": "seconds per worker spent in block products and updates",
-    "comm_time": "seconds per worker spent moving blocks between workers",
-    "bytes_moved": "bytes moved between workers",
-}
-
 
 def resident_available() -> bool:
     """Whether the resident-mode engine can be imported."""
@@ -223,7 +216,12 @@ class NPTTrainer(BaseTrainer):
         from daskann.cluster import resolve_client
 
         with resolve_client(self.client) as client, client.as_current():
-            self._check_cluster(client, npt)
+            workers = self._check_cluster(client, npt)
+            # a column band of X per grid column stays on one worker
+            from daskann.cluster import check_worker_memory
+
+            bands = min(npt["grid"][1], len(workers)) if npt["grid"] != "auto" else len(workers)
+            check_worker_memory(client, data.X.nbytes // max(bands, 1), name="X")
             self._settings, self._data, self.batch_order_, self._npt = settings, data, order, npt
             history = HistoryRecorder("step")
             if ckpt is not None:
@@ -255,15 +253,15 @@ class NPTTrainer(BaseTrainer):
         with resolve_client(self.client) as client, client.as_current():
             from daskann.npt.grid import live_workers
 
-            alive = set(live_workers(client))
-            if not set(self.grid_.workers) <= alive:
-                self.grid_ = ProcessGrid.from_workers(self.grid_.shape, sorted(alive), share_workers=True)
+            alive = live_workers(client)
+            if not set(self.grid_.workers) <= set(alive):
+                self.grid_ = ProcessGrid.from_workers(self.grid_.shape, alive, share_workers=True)
             self._run(client, self.model_, self.velocity_, self.n_steps_, self.n_steps_ + steps, history)
         return self
 
     def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
-        from daskann.npt.grid import live_workers
         from daskann.npt import costmodel
+        from daskann.npt.grid import live_workers
 
         workers = live_workers(client)
         itemsize = np.dtype(settings["dtype"]).itemsize
@@ -317,7 +315,9 @@ class NPTTrainer(BaseTrainer):
             self.n_steps_ = history.last_coord(default=start)
             attrs = self._history_attrs(settings)
             attrs.update({"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_,
-                          "workers": len(set(self.grid_.workers))})
+                          "workers": len(set(self.grid_.workers)), "recoveries": int(self.recoveries_)})
+            if self.mode_ == "graph":
+                attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[self._chains(model.sizes)]
             self.history_ = history.to_dataset(attrs)
         if diverged is not None:
             raise TrainingDiverged(*diverged)
