@@ -185,6 +185,8 @@ class BaseTrainer:
             if not isinstance(self.checkpoint_dir, (str, Path)):
                 raise invalid("checkpoint_dir", self.checkpoint_dir, "a folder path or None", TypeError)
             store.check_writable_folder(self.checkpoint_dir)
+            # another run writing this folder: refuse now, before any task or file is written
+            store.RunLock(self.checkpoint_dir).check_free("checkpoint_dir")
         return s
 
     def _run_lock(self):

@@ -479,6 +479,32 @@ def worker_addresses(c: Client) -> list[str]:
     return [addr for addr, _ in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
 
 
+def check_worker_memory(c: Client, nbytes: int, *, name: str = "X", what: str = "training data") -> None:
+    """Refuse a run whose ``nbytes`` per worker exceed a worker's memory limit, before any task.
+
+    The nanny restarts a worker past ``distributed.worker.memory.terminate``
+    (95% of ``memory_limit`` by default); a run that would put more than that
+    on one worker can only end in ``KilledWorker``. Workers without a limit
+    are not checked.
+    """
+    info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]
+    limits = [int(w["memory_limit"]) for w in info.values() if w.get("memory_limit")]
+    if not limits:
+        return
+    fraction = dask.config.get("distributed.worker.memory.terminate", default=0.95) or 1.0
+    budget = min(limits) * float(fraction)
+    if nbytes > budget:
+        raise invalid(
+            name, f"{what} of {_mib(nbytes)} per worker",
+            f"at most {_mib(budget)} per worker ({float(fraction):.0%} of the smallest worker memory_limit, "
+            f"{_mib(min(limits))}): use more workers, workers with a larger memory_limit, or less data",
+        )
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
 BLAS_INFO_KEYS = ("internal_api", "num_threads", "architecture", "version", "threading_layer")
 
 
@@ -508,6 +534,7 @@ __all__ = [
     "available_profiles",
     "blas_info",
     "check_address",
+    "check_worker_memory",
     "client",
     "close",
     "jobqueue_cluster",

@@ -387,6 +387,8 @@ def verify_path(path) -> dict:
     Returns ``{"ok": bool, "items": [{"path", "kind", "status", "detail"}]}``
     where status is ``"ok"``, ``"damaged"`` or ``"orphan"``.
     """
+    import daskann.mgrit._store  # noqa: F401  (registers the trajectory verifier)
+
     path = Path(path)
     items = []
 
@@ -464,6 +466,15 @@ class RunLock:
             self._held = True
             return self
         raise StoreError(f"output={str(self.path.parent)!r}: could not take the run lock")
+
+    def check_free(self, name: str = "output") -> None:
+        """Refuse, without taking it, a lock that a live run holds (a check before any work starts)."""
+        holder = self._holder() if self.path.exists() else None
+        if holder is not None and not self._held and not self._is_stale(holder):
+            raise StoreError(
+                f"{name}={str(self.path.parent)!r} is being written by another run "
+                f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
+            )
 
     def _holder(self) -> dict | None:
         try:

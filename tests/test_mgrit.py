@@ -29,6 +29,7 @@ from daskann.mgrit import (
     stable_alpha_cap,
     workmodel,
 )
+from daskann.mgrit.presets import resolve_preset
 from daskann.nn import MLP
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -265,6 +266,29 @@ def test_converged_training_equals_serial_on_every_scheduler(momentum, train_dat
         assert all(np.array_equal(a, b) for a, b in zip(t.model_.params + t.velocity_,
                                                         first.model_.params + first.velocity_, strict=True))
     assert first.result_.executor == "distributed" and runs["threads"].result_.executor == "threads"
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_relative_stopping_preset_still_equals_serial(momentum, train_data):
+    """solver4 (solver2's cycles, also stopping at a 1e-9 relative residual reduction): same acceptance setting,
+    the weights of serial training to 1e-9, never more iterations than solver2 and the same residual history."""
+    X, y = train_data
+    lr = ACCEPT[momentum]
+    serial = _serial(X, y, 512, lr=lr, momentum=momentum, hidden=(8,))
+    ref = _flat(serial.model_.params + serial.velocity_)
+    common = dict(lr=lr, momentum=momentum, batch_size=16, seed=0, levels=3, cfactor=4, max_iter=30,
+                  scheduler="inprocess")
+    assert resolve_preset("solver4") == resolve_preset("solver2", rtol=1e-9)
+    relative = MGRITTrainer((8,), preset="solver4", **common).fit(X, y, steps=512)
+    absolute = MGRITTrainer((8,), preset="solver2", **common).fit(X, y, steps=512)
+    error = _rel(_flat(relative.model_.params + relative.velocity_), ref)
+    print(f"momentum {momentum}: solver4 {relative.n_iter_} iterations (solver2 {absolute.n_iter_}), "
+          f"relative error {error:.1e}")
+    assert relative.result_.converged and error < 1e-9
+    assert relative.n_iter_ <= absolute.n_iter_
+    assert relative.result_.residuals == absolute.result_.residuals[: relative.n_iter_]
+    assert relative.result_.residuals[-1] <= 1e-9 * relative.result_.residuals[0] or \
+        relative.result_.residuals[-1] <= 1e-9
 
 
 def test_unstable_configuration_is_an_error_not_a_result(train_data):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pickletools
 from pathlib import Path
 
@@ -214,3 +215,39 @@ def test_read_only_output_is_refused_before_training(tmp_path):
             SerialTrainer((4,), batch_size=8, checkpoint_dir=target).fit(X, y, steps=2)
     finally:
         os.chmod(tmp_path / "ro", 0o700)
+
+
+def test_mgrit_trajectory_store_is_verified(tmp_path):
+    from daskann.mgrit import MGRIT, linear
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_2(info):
+        if info.iteration == 2:
+            raise Stop
+
+    prop = linear.LinearPropagator.random_stable(5, seed=1)
+    path = tmp_path / "run" / "trajectory.zarr"
+    kwargs = dict(levels=2, cfactor=4, tol=1e-13, max_iter=40, store=path, run_id="run-a", scheduler="sync")
+    with pytest.raises(Stop):
+        MGRIT(prop, (np.ones(5),), 32, callback=stop_after_2, **kwargs).solve()
+    report = store.verify_path(tmp_path / "run")
+    assert report["ok"], report
+    assert [item["kind"] for item in report["items"]] == ["mgrit-trajectory"]
+
+    # a flipped byte in a committed chunk: the scan reports it and a resume refuses the store
+    committed = json.loads((path / "progress.json").read_text())["committed"]
+    chunk = path / "c0" / "c" / str(committed) / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    report = store.verify_path(path)
+    assert not report["ok"] and "c0" in report["items"][0]["detail"]
+    with pytest.raises(store.StoreError, match="c0"):
+        MGRIT(prop, (np.ones(5),), 32, **kwargs).solve()
+
+    # a deleted chunk would read back as zeros: the scan names it missing
+    chunk.unlink()
+    report = store.verify_path(path)
+    assert not report["ok"] and "missing" in report["items"][0]["detail"]

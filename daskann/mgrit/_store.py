@@ -22,7 +22,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from daskann.mgrit._kernels import SLOTS
-from daskann.store import StoreError, temporary_sibling
+from daskann.store import VERIFIERS, DamagedStoreError, StoreError, temporary_sibling
 
 KIND = "mgrit-trajectory"
 FORMAT_VERSION = 1
@@ -168,11 +168,57 @@ def create_store(path, *, run_id: str, config: dict, specs: dict, dtype) -> Zarr
     for name, (shape, chunks) in specs.items():
         group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, compressors=[Crc32cCodec()],
                            fill_value=0.0)
+    # the manifest: every array the run needs, so a scan can tell a missing one from an empty one
+    manifest = {name: {"shape": list(shape), "chunks": list(chunks)} for name, (shape, chunks) in specs.items()}
     group.attrs.update({"daskann": {"kind": KIND, "format_version": FORMAT_VERSION, "run_id": run_id,
-                                    "config": config}})
+                                    "config": config, "dtype": np.dtype(dtype).str, "arrays": manifest}})
     handle = ZarrTrajectory(path, run_id)
     handle.write_progress({"iteration": 0, "status": "new"})
     return handle
+
+
+def verify_store(path) -> dict:
+    """Check a trajectory store against its manifest; raise :class:`~daskann.store.StoreError` if damaged.
+
+    Every array the manifest lists must exist with its shape and dtype and
+    read back through its CRC32C checksums; the chunks that must have been
+    written (the initial state, the last committed state and, once an
+    iteration is committed, the C-values of the committed slot) must be on
+    disk, since a missing chunk would otherwise read back as zeros.
+    Returns the progress record.
+    """
+    path = Path(path)
+    meta = read_meta(path)
+    if meta is None:
+        raise DamagedStoreError(f"store={str(path)!r} is empty or missing")
+    progress = read_progress(path)
+    manifest, dtype = meta.get("arrays"), np.dtype(meta.get("dtype", "<f8"))
+    if not isinstance(manifest, dict):
+        raise DamagedStoreError(f"store={str(path)!r} has no manifest of its arrays")
+    group = zarr.open_group(str(path), mode="r")
+    for name, spec in manifest.items():
+        try:
+            array = group[name]
+        except KeyError:
+            raise DamagedStoreError(f"store={str(path)!r}: array {name!r} is missing") from None
+        if list(array.shape) != spec["shape"] or array.dtype != dtype:
+            raise DamagedStoreError(f"store={str(path)!r}: array {name!r} has shape {array.shape} and dtype "
+                                    f"{array.dtype}, the manifest says {tuple(spec['shape'])} and {dtype}")
+        try:
+            array[...]
+        except Exception as exc:  # the checksum codec raises on a flipped byte
+            raise DamagedStoreError(f"store={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+    required = [("init", (0,)), ("last", (0,))]
+    if progress.get("iteration", 0) > 0 and "c0" in manifest and progress.get("committed") is not None:
+        n_blocks = -(-manifest["c0"]["shape"][1] // manifest["c0"]["chunks"][1])
+        required += [("c0", (int(progress["committed"]), j, 0)) for j in range(n_blocks)]
+    for name, chunk in required:
+        if not (path / name / "c" / Path(*map(str, chunk))).is_file():
+            raise DamagedStoreError(f"store={str(path)!r}: chunk {chunk} of array {name!r} is missing")
+    return progress
+
+
+VERIFIERS[KIND] = verify_store
 
 
 def json_safe(value):

@@ -124,7 +124,7 @@ def train_command(**opts):
 @click.command("mgrit")
 @click.option("--steps", "steps", default="200,800,3200,12800", show_default=True, callback=_int_list,
               help="Numbers of training steps of the iteration study, comma-separated.")
-@click.option("--presets", default="solver1,solver2,solver3", show_default=True,
+@click.option("--presets", default="solver1,solver2,solver3,solver4", show_default=True,
               help="Presets of the iteration study, comma-separated.")
 @click.option("--cycles", default="V,F", show_default=True,
               help="Cycle types run with the --preset configuration, comma-separated.")

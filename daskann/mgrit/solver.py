@@ -478,6 +478,7 @@ class MGRIT:
                     raise invalid("store", str(store_path),
                                   f"a new folder, or run_id={meta.get('run_id')!r} to continue the run it holds")
                 _store.check_same_run(store_path, meta, run_id, config)
+                _store.verify_store(store_path)  # a damaged store is refused, not continued
                 store = _store.ZarrTrajectory(store_path, run_id)
                 progress = store.read_progress()
             else:

@@ -14,7 +14,7 @@ from daskann import store as store_module
 from daskann._base import BaseTrainer
 from daskann._history import HistoryRecorder
 from daskann._validation import check_choice, invalid
-from daskann.cluster import resolve_client
+from daskann.cluster import check_worker_memory, resolve_client
 from daskann.mgrit._errors import MGRITNotConverged
 from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.propagators import SGDPropagator
@@ -36,7 +36,7 @@ class MGRITTrainer(BaseTrainer):
 
     Parameters
     ----------
-    preset : {"solver1", "solver2", "solver3"}
+    preset : {"solver1", "solver2", "solver3", "solver4"}
         Solver configuration (see :mod:`daskann.mgrit.presets`); every option
         below left at None takes the preset's value.
     levels, cfactor, cf_iter, cycle_type, weight_c, weight_c_growth, tol, rtol, max_iter, nested_iteration
@@ -269,6 +269,8 @@ class MGRITTrainer(BaseTrainer):
         t0 = time.perf_counter()
         if scheduler == "distributed":
             with resolve_client(self.client) as client:
+                # the propagator, data included, is broadcast to every worker
+                check_worker_memory(client, data.X.nbytes + data.y.nbytes, name="X")
                 solver.scheduler = client
                 result = solver.solve()
         else:

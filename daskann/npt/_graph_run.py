@@ -11,6 +11,9 @@ worker, lays the same grid onto the workers there are now (sharing workers
 if the cluster shrank) and replays the steps since the last state it holds
 (the start, or the last checkpoint). Tasks are pure and every attempt has
 its own key prefix, so the replayed steps give exactly the same numbers.
+Training gives up after ``max_recoveries`` replays from the same state; a
+replay that reaches a new checkpoint renews the budget, so a long run with
+checkpoints survives any number of spaced-out worker losses.
 """
 
 from __future__ import annotations
@@ -78,7 +81,8 @@ def train_graph(
     t0 = time.perf_counter() - time_offset
     task_stream_start = time.time()
     client.get_task_stream(start=task_stream_start)  # makes the scheduler record from now on
-    attempt = 0
+    attempt = 0  # replays so far (each has its own key prefix)
+    since_anchor = 0  # replays since the state they restart from was saved
     while True:
         prefix = f"{run_id}-a{attempt}"
         try:
@@ -93,12 +97,15 @@ def train_graph(
             return result
         except WorkerLost as exc:
             attempt += 1
-            if attempt > max_recoveries:
+            new_anchor = exc.args[1] if len(exc.args) > 1 and exc.args[1] is not None else anchor
+            # the budget is per checkpoint: a replay that reached a new checkpoint made progress
+            since_anchor = 1 if new_anchor[0] > anchor[0] else since_anchor + 1
+            anchor = new_anchor
+            if since_anchor > max_recoveries:
                 raise RuntimeError(
-                    f"graph-mode training lost workers {attempt} times ({exc}); giving up after "
-                    f"{max_recoveries} replays"
+                    f"graph-mode training lost workers {since_anchor} times since step {anchor[0]} ({exc.args[0]}); "
+                    f"giving up after {max_recoveries} replays"
                 ) from exc
-            anchor = exc.args[1] if len(exc.args) > 1 and exc.args[1] is not None else anchor
             for done in [d for d in rows if d > anchor[0]]:
                 del rows[done]
             grid = _regrid(client, grid, timeout)
@@ -202,6 +209,13 @@ class _Watchdog:
                 break
             except TimeoutError:
                 pass
+            except Exception as exc:
+                # a lost worker held scattered inputs: the tasks that need them are cancelled
+                lost = self.missing()
+                if lost:
+                    raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster ({type(exc).__name__})",
+                                     anchor) from exc
+                raise
             lost = self.missing()
             if lost:
                 raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster", anchor)

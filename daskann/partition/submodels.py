@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,9 @@ import numpy as np
 import xarray as xr
 
 from daskann.nn import MLP
+
+#: reruns of a sub-model task cancelled because every copy of its scattered data was lost
+LOST_DATA_RERUNS = 2
 
 #: settings a sub-model shares with the full network's trainer
 SHARED_SETTINGS = (
@@ -172,6 +176,7 @@ def run_submodels(
     prefix: str,
     retries: int,
     timeout: float,
+    rescatter=None,
 ) -> tuple[list, dict]:
     """Submit the sub-model tasks and collect what finished.
 
@@ -189,6 +194,11 @@ def run_submodels(
         Extra attempts of a task that raises.
     timeout : float
         Seconds to wait for the sub-model phase before giving up.
+    rescatter : callable, optional
+        Gives ``data`` scattered anew. Scattered data is never recomputed: when
+        every worker holding it died, the tasks that need it are cancelled; with
+        ``rescatter`` they run again (resuming from their checkpoints) on the
+        new copy, at most :data:`LOST_DATA_RERUNS` times each.
 
     Returns
     -------
@@ -199,35 +209,60 @@ def run_submodels(
     from daskann.cluster import worker_addresses
 
     workers = worker_addresses(client)
-    X, y, validation = data
+    current = {"data": data}
     deadline = time.perf_counter() + timeout
     results: list = [None] * len(specs)
     failed: dict = {}
+    by_index = {spec.index: spec for spec in specs}
 
-    def submit(spec):
+    def submit(spec, rerun=0):
         # a soft hint spreads the sub-models over the workers; never a hard pin,
         # so a task whose worker died can run on another one
         hint = [workers[spec.index % len(workers)]] if workers else None
-        return client.submit(
-            train_submodel, spec, X, y, validation, key=f"{prefix}-submodel-{spec.index}",
+        X, y, validation = used = current["data"]
+        key = f"{prefix}-submodel-{spec.index}" + (f"-rerun{rerun}" if rerun else "")
+        future = client.submit(
+            train_submodel, spec, X, y, validation, key=key,
             retries=retries, workers=hint, allow_other_workers=True, pure=False,
         )
+        return future, used
+
+    def data_lost(used) -> bool:
+        X, y, validation = used
+        return any(getattr(f, "status", "finished") != "finished" for f in (X, y, *(validation or ())))
 
     def collect(futures: dict):
-        for g, future in futures.items():
-            try:
-                results[g] = future.result(timeout=max(deadline - time.perf_counter(), 0.001))
-            except Exception as exc:
-                if not future.done():  # still running: the phase ran out of time
-                    pending = [i for i, f in futures.items() if not f.done()]
-                    client.cancel(list(futures.values()))
-                    raise TimeoutError(
-                        f"timeout={timeout:g} s is not enough: sub-models {pending} had not finished; "
-                        "raise the timeout or shorten sub_steps"
-                    ) from None
-                failed[g] = exc  # raised on every attempt, or its workers died (KilledWorker)
-            finally:
+        for g, (future, used) in futures.items():
+            rerun = 0
+            while True:
+                try:
+                    results[g] = future.result(timeout=max(deadline - time.perf_counter(), 0.001))
+                except CancelledError as exc:
+                    # (the data futures may not know yet that they are lost when their dependants are told)
+                    lost = data_lost(used) or any(
+                        reason in str(exc) for reason in ("lost dependencies", "already forgotten"))
+                    if rescatter is None or rerun >= LOST_DATA_RERUNS or not lost:
+                        failed[g] = exc
+                        future.release()
+                        break
+                    # every copy of the data died with its workers: scatter it again (once) and rerun
+                    if current["data"] is used or data_lost(current["data"]):
+                        current["data"] = rescatter()
+                    future.release()
+                    rerun += 1
+                    future, used = submit(by_index[g], rerun)
+                    continue
+                except Exception as exc:
+                    if not future.done():  # still running: the phase ran out of time
+                        pending = [i for i, (f, _) in futures.items() if not f.done()]
+                        client.cancel([f for f, _ in futures.values()] + [future])
+                        raise TimeoutError(
+                            f"timeout={timeout:g} s is not enough: sub-models {pending} had not finished; "
+                            "raise the timeout or shorten sub_steps"
+                        ) from None
+                    failed[g] = exc  # raised on every attempt, or its workers died (KilledWorker)
                 future.release()
+                break
 
     if mode == "parallel":
         collect({spec.index: submit(spec) for spec in specs})

@@ -409,17 +409,29 @@ class PartitionTrainer(BaseTrainer):
                 client, specs, data, retries=settings["retries"], npt_options=self.npt_options or {},
             )
         else:
+            from daskann.cluster import check_worker_memory
+
             validation = data.validation
+            # every worker gets all of the data: refuse before scattering if it cannot hold it
+            check_worker_memory(client, data.X.nbytes + data.y.nbytes
+                                + sum(a.nbytes for a in (validation or ())), name="X")
             # the data goes to every worker once: tasks get futures, never closures over arrays
-            X_f, y_f = client.scatter([data.X, data.y], broadcast=True, hash=False)
-            val_f = None if validation is None else tuple(client.scatter(list(validation), broadcast=True, hash=False))
+            scattered = []
+
+            def scatter():
+                X_f, y_f = client.scatter([data.X, data.y], broadcast=True, hash=False)
+                val_f = None if validation is None else tuple(client.scatter(list(validation), broadcast=True,
+                                                                             hash=False))
+                scattered.extend([X_f, y_f, *(val_f or ())])
+                return X_f, y_f, val_f
+
             try:
                 results, failed = run_submodels(
-                    client, specs, (X_f, y_f, val_f), mode=settings["mode"], prefix=prefix,
-                    retries=settings["retries"], timeout=settings["timeout"],
+                    client, specs, scatter(), mode=settings["mode"], prefix=prefix,
+                    retries=settings["retries"], timeout=settings["timeout"], rescatter=scatter,
                 )
             finally:
-                client.cancel([X_f, y_f, *(val_f or ())])
+                client.cancel(scattered)
         self.submodel_results_ = results
         self.submodels_ = [None if r is None else r.model for r in results]
         self.timings_["submodel_each"] = [None if r is None else r.seconds for r in results]
