@@ -505,6 +505,29 @@ def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
 
+@contextlib.contextmanager
+def current_client(c: Client):
+    """Make ``c`` the current client of this thread or task only.
+
+    Futures deserialised inside attach to ``c`` and dask collections computed
+    inside run on it. Unlike :meth:`distributed.Client.as_current`, this does
+    not touch dask's global ``scheduler`` option, whose save-and-restore is not
+    thread-safe: trainings run at once from several threads would leave it set
+    to ``"dask.distributed"`` after every client is gone.
+    """
+    try:
+        from distributed.client import _current_client
+    except ImportError:  # pragma: no cover - other distributed versions
+        with c.as_current():
+            yield c
+        return
+    token = _current_client.set(c)
+    try:
+        yield c
+    finally:
+        _current_client.reset(token)
+
+
 BLAS_INFO_KEYS = ("internal_api", "num_threads", "architecture", "version", "threading_layer")
 
 
@@ -537,6 +560,7 @@ __all__ = [
     "check_worker_memory",
     "client",
     "close",
+    "current_client",
     "jobqueue_cluster",
     "load_profile",
     "local_cluster",

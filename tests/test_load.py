@@ -26,6 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client
@@ -157,7 +158,10 @@ def _run_at_once(client4, data, names):
 
 
 def _check(client4, data, solo, names):
+    scheduler_option = dask.config.get("scheduler", None)
     results, log, seconds = _run_at_once(client4, data, names)
+    # concurrent runs leave dask's global scheduler option alone (its save-and-restore is not thread-safe)
+    assert dask.config.get("scheduler", None) == scheduler_option
     # every result equals the same configuration trained alone, bit for bit
     for name, (params, _) in zip(names, results):
         assert all(np.array_equal(a, b) for a, b in zip(params, solo[name], strict=True)), name

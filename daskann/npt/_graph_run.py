@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from distributed import wait
 
+from daskann.cluster import current_client
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid, live_workers
 
@@ -200,41 +201,38 @@ class _Watchdog:
         alive = set(live_workers(self.client))
         return sorted(self.workers - alive)
 
+    def raise_if_lost(self, anchor, cause: BaseException | None = None) -> None:
+        """Raise :class:`WorkerLost` (replay from ``anchor``) if a grid worker left the cluster."""
+        lost = self.missing()
+        if lost:
+            why = f" ({type(cause).__name__})" if cause is not None else ""
+            raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster{why}", anchor) from cause
+
     def gather(self, futures, anchor):
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                with self.client.as_current():
+                with current_client(self.client):
                     wait(futures, timeout=POLL_SECONDS)
                 break
             except TimeoutError:
                 pass
             except Exception as exc:
                 # a lost worker held scattered inputs: the tasks that need them are cancelled
-                lost = self.missing()
-                if lost:
-                    raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster ({type(exc).__name__})",
-                                     anchor) from exc
+                self.raise_if_lost(anchor, exc)
                 raise
-            lost = self.missing()
-            if lost:
-                raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster", anchor)
+            self.raise_if_lost(anchor)
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"graph-mode training: no step finished within timeout={self.timeout:g} s; the cluster may be "
                     "overloaded or a worker is stuck (raise timeout for very large blocks)"
                 )
         if any(f.status != "finished" for f in futures):
-            lost = self.missing()
-            if lost:
-                raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster", anchor)
+            self.raise_if_lost(anchor)
         try:
             return self.client.gather(futures)
         except Exception as exc:
-            lost = self.missing()
-            if lost:
-                raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster ({type(exc).__name__})",
-                                 anchor) from exc
+            self.raise_if_lost(anchor, exc)
             raise
 
 

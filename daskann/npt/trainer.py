@@ -213,9 +213,9 @@ class NPTTrainer(BaseTrainer):
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
         ckpt = self._load_resume(resume, settings, data, order) if resume is not None else None
-        from daskann.cluster import resolve_client
+        from daskann.cluster import current_client, resolve_client
 
-        with resolve_client(self.client) as client, client.as_current():
+        with resolve_client(self.client) as client, current_client(client):
             workers = self._check_cluster(client, npt)
             # a column band of X per grid column stays on one worker
             from daskann.cluster import check_worker_memory
@@ -241,7 +241,7 @@ class NPTTrainer(BaseTrainer):
                 raise RuntimeError("partial_fit needs X and y on its first call")
             return self.fit(X, y, steps=steps)
         from daskann._validation import check_int
-        from daskann.cluster import resolve_client
+        from daskann.cluster import current_client, resolve_client
 
         steps = check_int("steps", steps)
         settings = self._settings
@@ -250,7 +250,7 @@ class NPTTrainer(BaseTrainer):
             self.batch_order_ = self._batch_order(settings, self._data.n_samples)
         history = HistoryRecorder("step")
         history.extend_from(self.history_)
-        with resolve_client(self.client) as client, client.as_current():
+        with resolve_client(self.client) as client, current_client(client):
             from daskann.npt.grid import live_workers
 
             alive = live_workers(client)

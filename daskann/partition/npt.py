@@ -21,6 +21,7 @@ def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, 
     Returns ``(results, failed)`` as :func:`daskann.partition.submodels.run_submodels`.
     """
     from daskann import store
+    from daskann.cluster import current_client
     from daskann.npt import NPTTrainer
 
     results: list = [None] * len(specs)
@@ -39,7 +40,7 @@ def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, 
             t0 = time.perf_counter()
             try:
                 # parts of the NPT engine look for the current client; make it this one
-                with client.as_current():
+                with current_client(client):
                     trainer.fit(data.X, data.y, steps=spec.steps, validation_data=data.validation, resume=resume)
             except Exception as exc:
                 failed[spec.index] = exc

@@ -16,6 +16,7 @@ from daskann import store
 from daskann._base import BaseTrainer
 from daskann._history import HistoryRecorder
 from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann.cluster import current_client
 from daskann.nn import MLP
 from daskann.partition.diversity import submodel_diversity
 from daskann.partition.merge import check_combine, check_noise, merge_submodels
@@ -485,7 +486,7 @@ class PartitionTrainer(BaseTrainer):
             resume = store.find_checkpoint(run_dir)  # a checkpoint store: its own history is not replayed
         try:
             # the NPT engine looks for the current client in places; make it this one
-            with client.as_current():
+            with current_client(client):
                 if resume is not None:
                     trainer.fit(data.X, data.y, steps=total, validation_data=data.validation, resume=resume)
                 else:
