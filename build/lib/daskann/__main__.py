@@ -1,0 +1,3 @@
+from daskann.cli import main
+
+main(prog_name="daskann")

@@ -1,0 +1,247 @@
+"""Options and helpers shared by every ``daskann train ...`` command.
+
+A method's command stacks the decorators below, builds its trainer from
+:func:`trainer_settings` plus its own options, and hands it to
+:func:`run_training`, which loads the data, prepares the output folder, fits,
+saves and prints the summary (``--json`` for machines).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from daskann import store
+
+
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(int(v) for v in str(value).split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 64,64") from None
+
+
+def training_options(func):
+    """Network, optimiser and schedule options (the serial trainer's settings)."""
+    options = [
+        click.option("--hidden", default="64", show_default=True, callback=_int_list,
+                     help="Hidden layer widths, comma-separated."),
+        click.option("--activation", type=click.Choice(["relu", "leaky_relu"]), default="relu", show_default=True),
+        click.option("--output-activation", type=click.Choice(["linear", "softmax"]), default=None,
+                     help="Output layer: linear (default for regression) or softmax (default for classification)."),
+        click.option("--loss", type=click.Choice(["mse", "cross_entropy"]), default=None,
+                     help="Loss; defaults to the data set's natural loss."),
+        click.option("--steps", type=int, default=None, help="Training steps (default: 200 unless --epochs)."),
+        click.option("--epochs", type=int, default=None, help="Training epochs instead of steps."),
+        click.option("--batch-size", type=int, default=64, show_default=True),
+        click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate."),
+        click.option("--momentum", type=float, default=0.0, show_default=True),
+        click.option("--dtype", type=click.Choice(["float64", "float32"]), default="float64", show_default=True),
+        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--no-shuffle", is_flag=True, help="Walk the rows in order instead of shuffling each epoch."),
+        click.option("--eval-every", type=int, default=None, help="Validate every N steps (default: every epoch)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def data_options(func):
+    """Data set options."""
+    from daskann.data import DATASETS
+
+    options = [
+        click.option("--dataset", type=click.Choice(list(DATASETS)), default="linear", show_default=True),
+        click.option("--n-samples", type=int, default=None, help="Samples to generate (linear, mnist1d)."),
+        click.option("--n-features", type=int, default=None, help="Input width of the linear data."),
+        click.option("--n-outputs", type=int, default=None, help="Output width of the linear data."),
+        click.option("--noise", type=float, default=0.1, show_default=True, help="Noise level of the linear data."),
+        click.option("--data-path", type=click.Path(file_okay=False, path_type=Path), default=None,
+                     help="Folder with MNIST IDX files or CIFAR-10 python batches."),
+        click.option("--val-fraction", type=float, default=0.2, show_default=True),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def output_options(func):
+    """Output folder, resume and report options."""
+    options = [
+        click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
+                     help="Run folder for checkpoints, history and the final model."),
+        click.option("--checkpoint-every", type=int, default=None, help="Checkpoint every N steps."),
+        click.option("--overwrite", is_flag=True, help="Replace an earlier run in --output."),
+        click.option("--resume", is_flag=True, help="Continue the run in --output from its last good checkpoint."),
+        click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def cluster_options(func):
+    """Where the Dask work runs."""
+    options = [
+        click.option("--address", default=None, help="Scheduler address (default: an embedded LocalCluster)."),
+        click.option("--profile", default=None, help="dask-jobqueue profile from cluster/ (slurm, pbs) or a YAML path."),
+        click.option("--workers", type=int, default=None, help="Workers of the embedded cluster (or jobs of a profile)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def cli_errors(func):
+    """Turn daskann's input errors into one-line click errors."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except (ValueError, TypeError, FileNotFoundError, ConnectionError, store.StoreError) as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+def load_data(opts: dict):
+    """The data set the options name."""
+    from daskann.data import load_dataset
+
+    return load_dataset(
+        opts["dataset"],
+        n_samples=opts.get("n_samples"),
+        n_features=opts.get("n_features"),
+        n_outputs=opts.get("n_outputs"),
+        noise=opts.get("noise", 0.1),
+        path=opts.get("data_path"),
+        val_fraction=opts.get("val_fraction", 0.2),
+        seed=opts.get("seed", 0),
+        dtype=opts.get("dtype", "float64"),
+    )
+
+
+def trainer_settings(opts: dict, dataset) -> dict:
+    """Keyword arguments of :class:`daskann._base.BaseTrainer` from the options."""
+    loss = opts.get("loss") or dataset.loss
+    output = opts.get("output_activation") or "linear"
+    return {
+        "hidden_sizes": opts["hidden"],
+        "activation": opts["activation"],
+        "output": output,
+        "loss": loss,
+        "lr": opts["lr"],
+        "momentum": opts["momentum"],
+        "batch_size": opts["batch_size"],
+        "shuffle": not opts.get("no_shuffle", False),
+        "seed": opts["seed"],
+        "dtype": opts["dtype"],
+        "eval_every": opts.get("eval_every"),
+        "checkpoint_every": opts.get("checkpoint_every"),
+        "verbose": 0 if (opts.get("quiet") or opts.get("as_json")) else 1,
+    }
+
+
+def training_length(opts: dict) -> dict:
+    if opts.get("steps") is None and opts.get("epochs") is None:
+        return {"steps": 200}
+    return {"steps": opts.get("steps"), "epochs": opts.get("epochs")}
+
+
+def summarize(trainer, dataset, *, method: str, seconds: float, output=None, extra: dict | None = None) -> dict:
+    """JSON-safe summary of a finished run."""
+    model = trainer.model_
+    summary = {
+        "method": method,
+        "dataset": dataset.name,
+        "sizes": list(model.sizes),
+        "parameters": int(model.n_parameters),
+        "steps": int(getattr(trainer, "n_steps_", 0)),
+        "seconds": round(seconds, 3),
+        "val_loss": float(model.loss(dataset.X_val, dataset.y_val, trainer.loss)),
+    }
+    history = getattr(trainer, "history_", None)
+    if history is not None and "loss" in history:
+        losses = history["loss"].values
+        finite = losses[np.isfinite(losses)]
+        summary["final_train_loss"] = float(finite[-1]) if finite.size else None
+    if dataset.task == "classification":
+        summary["val_accuracy"] = float(model.accuracy(dataset.X_val, dataset.y_val))
+    if output is not None:
+        summary["output"] = str(output)
+    summary.update(extra or {})
+    return summary
+
+
+def print_summary(summary: dict, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    parts = [f"{summary['method']}: {summary['dataset']} net {'-'.join(map(str, summary['sizes']))}",
+             f"{summary['steps']} steps in {summary['seconds']:.2f} s"]
+    if "val_accuracy" in summary:
+        parts.append(f"validation accuracy {summary['val_accuracy']:.3f}")
+    parts.append(f"validation loss {summary['val_loss']:.4g}")
+    click.echo(", ".join(parts))
+    for key, value in summary.items():
+        if key not in {"method", "dataset", "sizes", "steps", "seconds", "val_accuracy", "val_loss"}:
+            click.echo(f"  {key}: {value}")
+
+
+def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | None = None, extra=None) -> dict:
+    """Load data, prepare ``--output``, fit, save and print a summary.
+
+    ``make_trainer(settings, dataset)`` returns an unfitted trainer built
+    from :func:`trainer_settings` plus the method's own options.
+    """
+    dataset = load_data(opts)
+    settings = trainer_settings(opts, dataset)
+    output = opts.get("output")
+    resume = None
+    if output is not None:
+        if opts.get("resume"):
+            if not (output / store.RUN_MARKER).exists():
+                raise ValueError(f"output={str(output)!r} is not valid: --resume needs an existing daskann run folder")
+            resume = output
+        store.prepare_run_dir(output, method=method, config=_json_safe(settings), overwrite=opts.get("overwrite", False),
+                              resume=bool(opts.get("resume")))
+        settings["checkpoint_dir"] = output
+    elif opts.get("resume"):
+        raise ValueError("resume needs --output, the run folder to continue")
+    trainer = make_trainer(settings, dataset)
+    start = time.perf_counter()
+    kwargs = dict(training_length(opts), validation_data=(dataset.X_val, dataset.y_val), **(fit_kwargs or {}))
+    if resume is not None:
+        kwargs["resume"] = resume
+    trainer.fit(dataset.X_train, dataset.y_train, **kwargs)
+    seconds = time.perf_counter() - start
+    if output is not None:
+        store.save_history(trainer.history_, output / "history.zarr")
+        trainer.save(output / "model.zarr")
+    summary = summarize(trainer, dataset, method=method, seconds=seconds, output=output,
+                        extra=extra(trainer) if callable(extra) else extra)
+    print_summary(summary, opts.get("as_json", False))
+    return summary
+
+
+def _json_safe(settings: dict) -> dict:
+    return json.loads(json.dumps(settings, default=str))
+
+
+def echo_err(message: str) -> None:
+    click.echo(message, err=True)
+
+
+__all__ = [
+    "cli_errors", "cluster_options", "data_options", "load_data", "output_options", "print_summary",
+    "run_training", "summarize", "trainer_settings", "training_options",
+]

@@ -1,0 +1,138 @@
+"""The ``daskann`` command (also ``python -m daskann``)."""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+import click
+
+from daskann._cli_common import (
+    cli_errors,
+    data_options,
+    output_options,
+    print_summary,
+    run_training,
+    training_options,
+)
+
+# method commands live with their method and load on first use
+TRAIN_COMMANDS = {
+    "npt": "daskann.npt.cli:train_command",
+    "mgrit": "daskann.mgrit.cli:train_command",
+    "partition": "daskann.partition.cli:train_command",
+}
+BENCH_COMMANDS = {
+    "npt": "daskann.npt.cli:bench_command",
+    "mgrit": "daskann.mgrit.cli:bench_command",
+    "partition": "daskann.partition.cli:bench_command",
+}
+TOP_COMMANDS = {"plan": "daskann.npt.cli:plan_command"}
+# run in order by `daskann demo`; each takes a client and returns a summary dict
+DEMOS = [
+    ("serial", "daskann.demo:serial_demo"),
+    ("npt", "daskann.npt.demo:run_demo"),
+    ("mgrit", "daskann.mgrit.demo:run_demo"),
+    ("partition", "daskann.partition.demo:run_demo"),
+]
+
+
+def _load(spec: str):
+    module, attr = spec.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class LazyGroup(click.Group):
+    """A click group whose sub-commands are imported when used."""
+
+    def __init__(self, *args, lazy: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy if lazy is not None else {}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.lazy:
+            return _load(self.lazy[name])
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=LazyGroup, lazy=TOP_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="daskann")
+def main():
+    """Train neural networks in parallel on Dask.
+
+    Methods: serial (the reference), npt (Cannon network-parallel training),
+    mgrit (multigrid over training steps), partition (partitioned pre-training).
+    """
+
+
+@main.group(cls=LazyGroup, lazy=TRAIN_COMMANDS)
+def train():
+    """Train a network with one method and save the run."""
+
+
+@train.command("serial")
+@training_options
+@data_options
+@output_options
+@cli_errors
+def train_serial(**opts):
+    """Reference training: minibatch SGD with momentum in one process."""
+    from daskann.serial import SerialTrainer
+
+    run_training(lambda settings, data: SerialTrainer(**settings), opts, method="serial")
+
+
+@main.group(cls=LazyGroup, lazy=BENCH_COMMANDS)
+def bench():
+    """Benchmarks that print tables and write plots."""
+
+
+@main.command()
+@click.option("--workers", type=int, default=2, show_default=True, help="Worker processes of the embedded cluster.")
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable summaries.")
+@cli_errors
+def demo(workers, as_json):
+    """Train with every method on an embedded LocalCluster and report how well."""
+    from daskann.cluster import client as make_client
+    from daskann.cluster import close
+
+    start = time.perf_counter()
+    c = make_client(n_workers=workers, quiet=as_json)
+    try:
+        if not as_json:
+            click.echo(f"daskann demo on an embedded LocalCluster: {workers} workers, dashboard {c.dashboard_link}")
+        for name, spec in DEMOS:
+            summary = _load(spec)(c)
+            print_summary(summary, as_json)
+    finally:
+        close(c)
+    if not as_json:
+        click.echo(f"demo finished in {time.perf_counter() - start:.1f} s")
+
+
+@main.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True)
+@cli_errors
+def verify(path, as_json):
+    """Check a checkpoint, history or run folder against its checksums."""
+    import json
+    from pathlib import Path
+
+    from daskann.store import verify_path
+
+    report = verify_path(Path(path))
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        for item in report["items"]:
+            click.echo(f"{item['status']:8s} {item['path']}" + (f"  ({item['detail']})" if item.get("detail") else ""))
+    if not report["ok"]:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,570 @@
+"""One entry point to a Dask client: embedded, existing, or a batch-system profile.
+
+* ``client()`` starts an embedded :class:`distributed.LocalCluster` whose
+  scheduler, workers and dashboard listen on 127.0.0.1 only, one thread per
+  worker process and one BLAS thread per worker.
+* ``client("tls://host:8786", security=...)`` connects to a running scheduler,
+  waiting at most ``timeout`` seconds. A plain ``tcp://`` address that is not
+  loopback is refused unless ``insecure=True``: Dask's tcp protocol is
+  unauthenticated and anyone who reaches the scheduler can run code on it.
+* ``client(profile="slurm")`` starts a dask-jobqueue cluster from
+  ``cluster/<profile>.yaml`` (or a path to such a file).
+
+See ``cluster/README.md`` for the profile format, the sbatch example, TLS and
+reaching the dashboard through an SSH tunnel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlparse
+
+import dask
+import yaml
+from distributed import Client, LocalCluster
+from distributed.security import Security
+
+from daskann._validation import check_float, check_int, invalid
+
+logger = logging.getLogger(__name__)
+
+#: environment every worker process starts with: one BLAS thread per worker
+BLAS_ONE_THREAD = {
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "VECLIB_MAXIMUM_THREADS": "1",
+    "NUMEXPR_NUM_THREADS": "1",
+}
+
+#: folder of the shipped profiles; ``DASKANN_PROFILE_DIR`` adds folders searched first
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "cluster"
+JOBQUEUE_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster"}
+PROFILE_KEYS = ("kind", "cluster", "scale", "security", "description")
+SCALE_KEYS = ("jobs", "n", "cores", "memory")
+#: where jobqueue writes the temporary TLS key and certificates the worker jobs read
+DEFAULT_TLS_DIR = "~/.daskann/tls"
+#: the scheduler of a profile serves its dashboard on loopback only (reach it by SSH tunnel)
+DEFAULT_SCHEDULER_OPTIONS = {"dashboard_address": "127.0.0.1:8787"}
+
+# schemes that carry data unauthenticated and unencrypted
+_PLAINTEXT_SCHEMES = ("tcp", "ws", "ucx")
+_SCHEMES = (*_PLAINTEXT_SCHEMES, "tls", "wss", "inproc")
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_address(address: str, *, security: Security | None = None, insecure: bool = False) -> str:
+    """Validate a scheduler address and return it with its protocol.
+
+    ``host:port`` without a protocol means ``tcp://host:port``, as in Dask.
+    A plain-text protocol (tcp, ws, ucx) to a host that is not loopback is
+    refused unless ``insecure=True``, and logged as a warning when accepted.
+    """
+    if not isinstance(address, str) or not address.strip():
+        raise invalid("address", address, "a scheduler address such as 'tcp://127.0.0.1:8786' or 'tls://host:8786'")
+    if "://" not in address:
+        address = "tcp://" + address
+    parsed = urlparse(address)
+    if parsed.scheme not in _SCHEMES:
+        raise invalid("address", address, "an address with protocol " + ", ".join(f"{s}://" for s in _SCHEMES))
+    if parsed.scheme == "inproc":
+        return address
+    try:
+        host, port = parsed.hostname, parsed.port
+    except ValueError:  # port out of range or not a number
+        host, port = None, None
+    if not host or port is None:
+        raise invalid("address", address, "protocol://host:port, e.g. 'tls://10.0.0.5:8786'")
+    if security is not None and not isinstance(security, Security):
+        raise invalid("security", type(security).__name__, "a distributed.security.Security or None", TypeError)
+    if parsed.scheme in _PLAINTEXT_SCHEMES and not _is_loopback(host):
+        if not insecure:
+            raise invalid(
+                "address",
+                address,
+                "a loopback address, or tls:// with a Security object for a remote scheduler "
+                "(pass insecure=True to accept an unauthenticated, unencrypted remote connection)",
+            )
+        logger.warning("Connecting to %s without TLS: traffic is unauthenticated and unencrypted", address)
+    return address
+
+
+def _worker_environ() -> dict[str, str]:
+    """Dask's pre-spawn environment (memory trimming, ...) with every BLAS on one thread."""
+    base = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
+    return {**{k: str(v) for k, v in base.items()}, **BLAS_ONE_THREAD}
+
+
+def local_cluster(
+    n_workers: int | None = None,
+    *,
+    threads_per_worker: int = 1,
+    memory_limit="auto",
+    dashboard: bool = True,
+    security: Security | bool | None = None,
+    **kwargs,
+) -> LocalCluster:
+    """Embedded process-worker cluster bound to 127.0.0.1, BLAS on one thread.
+
+    Parameters
+    ----------
+    n_workers : int, optional
+        Worker processes (default: one per core divided by ``threads_per_worker``).
+    threads_per_worker : int
+        Threads of each worker; BLAS stays on one thread regardless.
+    memory_limit : str or int
+        Per-worker memory limit, as in :class:`distributed.LocalCluster`.
+    dashboard : bool
+        Serve the dashboard pages on a free port of 127.0.0.1 (the scheduler's
+        HTTP endpoints, such as ``/health``, are on that port either way).
+    security : Security or bool, optional
+        ``True`` for a temporary self-signed TLS setup (``tls://127.0.0.1``).
+    **kwargs
+        Passed to :class:`distributed.LocalCluster` (not ``host`` nor ``processes``).
+    """
+    for fixed in ("host", "processes", "dashboard_address", "ip"):
+        if fixed in kwargs:
+            raise invalid(fixed, kwargs[fixed], "not set: daskann's embedded cluster is process-based on 127.0.0.1",
+                          TypeError)
+    threads_per_worker = check_int("threads_per_worker", threads_per_worker)
+    n_workers = check_int("n_workers", n_workers if n_workers is not None else _default_workers(threads_per_worker))
+    # Nannies read the pre-spawn environment when created, i.e. inside LocalCluster(...);
+    # BLAS reads it when loaded, which may be before Worker code runs, hence pre-spawn.
+    environ = _worker_environ()
+    # The scheduler's HTTP server (health, metrics) runs even without a dashboard, on 8787 by
+    # default: keep it on a free loopback port and only add the dashboard pages when asked.
+    scheduler_kwargs = {"dashboard": bool(dashboard), **(kwargs.pop("scheduler_kwargs", None) or {})}
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        cluster = LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=threads_per_worker,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            scheduler_kwargs=scheduler_kwargs,
+            memory_limit=memory_limit,
+            security=security,
+            # also in the worker spec, so workers added later by scale() keep one BLAS thread
+            env=dict(BLAS_ONE_THREAD),
+            **kwargs,
+        )
+    return cluster
+
+
+def _default_workers(threads_per_worker: int) -> int:
+    return max(1, (os.cpu_count() or 1) // threads_per_worker)
+
+
+def _profile_dirs() -> list[Path]:
+    extra = [Path(p).expanduser() for p in os.environ.get("DASKANN_PROFILE_DIR", "").split(os.pathsep) if p]
+    return [*extra, PROFILE_DIR]
+
+
+def available_profiles() -> list[str]:
+    """Names of the profiles :func:`load_profile` finds by name."""
+    return sorted({p.stem for d in _profile_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+
+
+def _profile_path(profile) -> Path:
+    if not isinstance(profile, (str, os.PathLike)) or not str(profile):
+        raise invalid("profile", profile, "a profile name or a path to a YAML file", TypeError)
+    path = Path(profile).expanduser()
+    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        if path.is_file():
+            return path
+    else:
+        for folder in _profile_dirs():
+            if (folder / f"{profile}.yaml").is_file():
+                return folder / f"{profile}.yaml"
+    available = available_profiles()
+    raise invalid(
+        "profile",
+        str(profile),
+        "an existing YAML file or one of " + (", ".join(map(repr, available)) or "(no profiles found)")
+        + f" (searched {', '.join(str(d) for d in _profile_dirs())})",
+        FileNotFoundError,
+    )
+
+
+def load_profile(profile: str | os.PathLike) -> dict:
+    """Read a jobqueue profile.
+
+    A profile is a YAML mapping::
+
+        kind: slurm            # or pbs
+        security: true         # TLS with a temporary certificate (default: false)
+        cluster: {...}         # keyword arguments of SLURMCluster / PBSCluster
+        scale: {jobs: 2}       # arguments of cluster.scale()
+
+    Parameters
+    ----------
+    profile : str or path
+        A name (``"slurm"`` finds ``cluster/slurm.yaml``; folders listed in the
+        ``DASKANN_PROFILE_DIR`` environment variable are searched first) or a
+        path to a ``.yaml`` file.
+
+    Returns
+    -------
+    dict
+        ``kind``, ``cluster``, ``scale``, ``security`` and ``path``.
+    """
+    path = _profile_path(profile)
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise invalid("profile", str(path), f"valid YAML ({exc})") from exc
+    spec = {} if spec is None else spec
+    if not isinstance(spec, Mapping):
+        raise invalid(f"profile {path}", type(spec).__name__, "a YAML mapping with kind, cluster and scale")
+    unknown = sorted(set(spec) - set(PROFILE_KEYS))
+    if unknown:
+        raise invalid(f"keys of {path}", unknown, "only " + ", ".join(PROFILE_KEYS))
+    kind = spec.get("kind")
+    if kind not in JOBQUEUE_CLASSES:
+        raise invalid(f"kind in {path}", kind, "one of " + ", ".join(map(repr, JOBQUEUE_CLASSES)))
+    cluster = spec.get("cluster") or {}
+    if not isinstance(cluster, Mapping):
+        raise invalid(f"cluster in {path}", cluster, f"a mapping of {JOBQUEUE_CLASSES[kind]} keyword arguments")
+    scale = spec.get("scale") or {}
+    if not isinstance(scale, Mapping) or set(scale) - set(SCALE_KEYS):
+        raise invalid(f"scale in {path}", scale, "a mapping with keys among " + ", ".join(SCALE_KEYS))
+    security = spec.get("security", False)
+    if not isinstance(security, bool):
+        raise invalid(f"security in {path}", security, "true or false")
+    return {"kind": kind, "cluster": dict(cluster), "scale": dict(scale), "security": security, "path": path}
+
+
+def _private_dir(path, name: str = "shared_temp_directory") -> str:
+    """Create (or tighten) a folder only its owner can read: it holds TLS keys."""
+    folder = Path(os.path.expandvars(str(path))).expanduser().absolute()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = folder.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise invalid(name, str(folder), "a folder owned by the current user (it will hold TLS keys)", PermissionError)
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        logger.warning("Restricting %s to its owner (mode 0700): it holds TLS keys", folder)
+        folder.chmod(0o700)
+    return str(folder)
+
+
+def _check_dashboard(address) -> None:
+    host = str(address or "").rpartition(":")[0].strip("[]")
+    if address is not None and host in ("", "0.0.0.0", "::"):
+        logger.warning(
+            "The scheduler dashboard %r listens on every interface; anyone on the network can read it. "
+            "Use '127.0.0.1:8787' and an SSH tunnel instead.",
+            address,
+        )
+
+
+def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | None = None, **overrides):
+    """Build (but do not scale) the dask-jobqueue cluster of a profile.
+
+    Every worker process runs one thread (``processes`` equals ``cores``) and
+    one BLAS thread. With TLS (``security: true`` in the profile, or the
+    ``security`` argument), the temporary key and certificates the jobs read
+    are written to ``shared_temp_directory`` (default ``~/.daskann/tls``), a
+    folder made private (0700); it must be visible from the compute nodes.
+
+    Parameters
+    ----------
+    profile : str or path
+        See :func:`load_profile`.
+    security : Security or bool, optional
+        Overrides the profile's ``security``.
+    **overrides
+        Keyword arguments of the jobqueue class, over the profile's ``cluster``;
+        ``scheduler_options`` is merged key by key.
+
+    Returns
+    -------
+    (cluster, scale)
+        The started (but empty) cluster and the profile's ``scale`` arguments.
+    """
+    try:
+        import dask_jobqueue
+    except ImportError as exc:  # optional extra
+        raise ImportError("profiles need dask-jobqueue: pip install 'daskann[hpc]'") from exc
+    spec = load_profile(profile)
+    where = spec["path"]
+    options = {**spec["cluster"], **overrides}
+
+    cores = options.get("cores")
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+        raise invalid(f"cores in {where}", cores, "a positive integer: worker processes per job")
+    processes = options.setdefault("processes", cores)
+    if processes != cores:
+        raise invalid(f"processes in {where}", processes,
+                      f"equal to cores ({cores}): daskann runs one thread per worker process")
+
+    scheduler_options = {**DEFAULT_SCHEDULER_OPTIONS, **(spec["cluster"].get("scheduler_options") or {}),
+                         **(overrides.get("scheduler_options") or {})}
+    _check_dashboard(scheduler_options.get("dashboard_address"))
+    options["scheduler_options"] = scheduler_options
+
+    if security is None:
+        security = options.pop("security", None) or spec["security"] or None
+    else:
+        options.pop("security", None)
+    if security:
+        options["shared_temp_directory"] = _private_dir(options.get("shared_temp_directory") or DEFAULT_TLS_DIR)
+        options["security"] = security
+    elif "shared_temp_directory" in options:
+        options["shared_temp_directory"] = str(Path(os.path.expandvars(options["shared_temp_directory"])).expanduser())
+
+    # worker environment: one BLAS thread each, as on the embedded cluster
+    prologue = [str(line) for line in options.pop("job_script_prologue", None) or []]
+    prologue += [f"export {k}={v}" for k, v in BLAS_ONE_THREAD.items()]
+    options["job_script_prologue"] = prologue
+    cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[spec["kind"]])
+    return cls(**options), spec["scale"]
+
+
+def client(
+    address: str | None = None,
+    *,
+    profile: str | os.PathLike | None = None,
+    n_workers: int | None = None,
+    threads_per_worker: int = 1,
+    security: Security | bool | None = None,
+    insecure: bool = False,
+    timeout: float = 10,
+    dashboard: bool = True,
+    quiet: bool = False,
+) -> Client:
+    """A client on an embedded cluster, an existing scheduler, or a jobqueue profile.
+
+    Parameters
+    ----------
+    address : str, optional
+        Scheduler to connect to. The wait is bounded by ``timeout``.
+    profile : str or path, optional
+        Name of a profile in ``cluster/`` (``"slurm"``, ``"pbs"``) or a YAML path.
+    n_workers : int, optional
+        Workers of the embedded cluster (default: one per core), or jobs to
+        start for a profile (default: the profile's ``scale``).
+    threads_per_worker : int
+        Threads per embedded worker; 1 keeps results reproducible.
+    security : distributed.security.Security or bool, optional
+        TLS credentials for ``tls://`` addresses; for an embedded cluster or a
+        profile, ``True`` means a temporary self-signed certificate.
+    insecure : bool
+        Accept a plain ``tcp://`` address that is not loopback.
+    timeout : float
+        Seconds to wait for a scheduler.
+    dashboard : bool
+        Serve the dashboard (on 127.0.0.1 for embedded clusters).
+    quiet : bool
+        Do not log the dashboard link.
+
+    Returns
+    -------
+    distributed.Client
+        Close it with :func:`close`, which also closes any cluster this
+        function started.
+
+    Raises
+    ------
+    ConnectionError
+        No scheduler at ``address`` answered within ``timeout`` seconds, or the
+        TLS handshake failed.
+    """
+    if address is not None and profile is not None:
+        raise invalid("address/profile", (address, profile), "one of address or profile, not both")
+    timeout = check_float("timeout", timeout, minimum=0.0, min_inclusive=False)
+    if address is not None:
+        if isinstance(security, bool):
+            raise invalid("security", security, "a Security object (or None) when connecting to an address",
+                          TypeError)
+        address = check_address(address, security=security, insecure=insecure)
+        try:
+            c = Client(address, security=security, timeout=timeout)
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionError(
+                f"address={address!r}: could not connect to a Dask scheduler within {timeout:g} s "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+    else:
+        if profile is not None:
+            cluster, scale = jobqueue_cluster(profile, security=security)
+            if n_workers is not None:
+                scale = {"jobs": check_int("n_workers", n_workers)}
+        else:
+            cluster = local_cluster(n_workers, threads_per_worker=threads_per_worker, dashboard=dashboard,
+                                    security=security)
+            scale = None
+        try:
+            if scale:
+                cluster.scale(**scale)
+            c = Client(cluster, timeout=timeout)
+        except BaseException:
+            cluster.close()
+            raise
+        c._daskann_owns_cluster = True
+    if not quiet and dashboard:
+        log_dashboard(c)
+    return c
+
+
+def log_dashboard(c: Client, level: int = logging.WARNING) -> str | None:
+    """Log (and return) the dashboard link of ``c``'s scheduler, if it serves one."""
+    try:
+        link = c.dashboard_link
+    except Exception:  # no dashboard, or the scheduler did not say
+        link = None
+    if link:
+        logger.log(level, "Dask dashboard: %s", link)
+    return link
+
+
+def close(c: Client) -> None:
+    """Close a client and, if :func:`client` started it, its cluster."""
+    cluster = c.cluster if getattr(c, "_daskann_owns_cluster", False) else None
+    c.close()
+    if cluster is not None:
+        cluster.close()
+
+
+@contextlib.contextmanager
+def resolve_client(c: Client | None = None, *, n_workers: int | None = None):
+    """The given client, the current default one, or a temporary embedded cluster.
+
+    Trainers use this for ``client=None``: the embedded cluster is closed on
+    exit. The dashboard link is logged as the run starts.
+    """
+    if c is not None:
+        if not isinstance(c, Client):
+            raise invalid("client", type(c).__name__, "a distributed.Client or None", TypeError)
+        log_dashboard(c, logging.INFO)
+        yield c
+        return
+    from distributed import default_client
+
+    try:
+        current = default_client()
+    except ValueError:
+        current = None
+    if current is not None:
+        log_dashboard(current, logging.INFO)
+        yield current
+        return
+    owned = client(n_workers=n_workers)
+    try:
+        yield owned
+    finally:
+        close(owned)
+
+
+def worker_addresses(c: Client) -> list[str]:
+    """Addresses of the client's workers, sorted by worker name for a stable order.
+
+    Asks the scheduler itself: the client's cached ``scheduler_info`` can be
+    refreshed in the background with a copy that lists no workers.
+    """
+    info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]
+    return [addr for addr, _ in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
+
+
+def check_worker_memory(c: Client, nbytes: int, *, name: str = "X", what: str = "training data") -> None:
+    """Refuse a run whose ``nbytes`` per worker exceed a worker's memory limit, before any task.
+
+    The nanny restarts a worker past ``distributed.worker.memory.terminate``
+    (95% of ``memory_limit`` by default); a run that would put more than that
+    on one worker can only end in ``KilledWorker``. Workers without a limit
+    are not checked.
+    """
+    info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]
+    limits = [int(w["memory_limit"]) for w in info.values() if w.get("memory_limit")]
+    if not limits:
+        return
+    fraction = dask.config.get("distributed.worker.memory.terminate", default=0.95) or 1.0
+    budget = min(limits) * float(fraction)
+    if nbytes > budget:
+        raise invalid(
+            name, f"{what} of {_mib(nbytes)} per worker",
+            f"at most {_mib(budget)} per worker ({float(fraction):.0%} of the smallest worker memory_limit, "
+            f"{_mib(min(limits))}): use more workers, workers with a larger memory_limit, or less data",
+        )
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+@contextlib.contextmanager
+def current_client(c: Client):
+    """Make ``c`` the current client of this thread or task only.
+
+    Futures deserialised inside attach to ``c`` and dask collections computed
+    inside run on it. Unlike :meth:`distributed.Client.as_current`, this does
+    not touch dask's global ``scheduler`` option, whose save-and-restore is not
+    thread-safe: trainings run at once from several threads would leave it set
+    to ``"dask.distributed"`` after every client is gone.
+    """
+    try:
+        from distributed.client import _current_client
+    except ImportError:  # pragma: no cover - other distributed versions
+        with c.as_current():
+            yield c
+        return
+    token = _current_client.set(c)
+    try:
+        yield c
+    finally:
+        _current_client.reset(token)
+
+
+BLAS_INFO_KEYS = ("internal_api", "num_threads", "architecture", "version", "threading_layer")
+
+
+def _blas_info() -> list[dict]:
+    import numpy  # noqa: F401  (threadpoolctl lists only libraries already loaded)
+    from threadpoolctl import threadpool_info
+
+    return [{k: lib.get(k) for k in BLAS_INFO_KEYS} for lib in threadpool_info() if lib.get("user_api") == "blas"]
+
+
+def blas_info(c: Client) -> dict[str, list[dict]]:
+    """BLAS libraries each worker has loaded, as threadpoolctl reports them.
+
+    Returns
+    -------
+    dict
+        Worker address to a list (usually one entry) of dicts with
+        ``internal_api`` (openblas, mkl, ...), ``num_threads``,
+        ``architecture`` (the kernel, e.g. Haswell, SkylakeX), ``version``
+        and ``threading_layer``.
+    """
+    return c.run(_blas_info)
+
+
+__all__ = [
+    "BLAS_ONE_THREAD",
+    "available_profiles",
+    "blas_info",
+    "check_address",
+    "check_worker_memory",
+    "client",
+    "close",
+    "current_client",
+    "jobqueue_cluster",
+    "load_profile",
+    "local_cluster",
+    "log_dashboard",
+    "resolve_client",
+    "worker_addresses",
+]

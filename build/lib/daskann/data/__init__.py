@@ -1,0 +1,29 @@
+"""Data sets, local-file loaders and the deterministic batch order.
+
+Every set comes as numpy arrays; :func:`as_dask` turns them into row-chunked
+dask arrays. Nothing here touches the network: MNIST and CIFAR-10 are read
+from local folders, MNIST-1D is generated, the digits ship with scikit-learn.
+"""
+
+from daskann.data._batches import BatchOrder
+from daskann.data._bundled import load_digits
+from daskann.data._cifar import load_cifar10
+from daskann.data._datasets import DATASETS, Dataset, load_dataset
+from daskann.data._idx import load_mnist_idx
+from daskann.data._mnist1d import make_mnist1d
+from daskann.data._split import as_dask, train_val_split
+from daskann.data._synthetic import make_linear
+
+__all__ = [
+    "DATASETS",
+    "BatchOrder",
+    "Dataset",
+    "as_dask",
+    "load_cifar10",
+    "load_dataset",
+    "load_digits",
+    "load_mnist_idx",
+    "make_linear",
+    "make_mnist1d",
+    "train_val_split",
+]

@@ -1,0 +1,122 @@
+"""Running one iteration's tasks: in this process, on dask's local schedulers, or on a cluster.
+
+Every executor runs the same task functions on the same inputs, so results do
+not depend on where they run or on the number of workers.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import CancelledError
+
+import dask
+from distributed import Client
+
+from daskann._validation import invalid
+
+#: attempts of an iteration whose scattered context was lost with the workers holding it
+_CONTEXT_ATTEMPTS = 3
+
+
+class InProcessExecutor:
+    """Runs tasks one after another in submission order (a topological order)."""
+
+    name = "inprocess"
+
+    def __init__(self, store, context):
+        self.store, self.context = store, context
+
+    def run(self, tasks) -> dict:
+        results = {}
+        for task in tasks:
+            deps = [results[d] for d in task.deps]
+            results[task.key] = task.func(task.spec, self.store, self.context, *deps)
+        return results
+
+    def close(self) -> None:
+        pass
+
+
+class DaskExecutor:
+    """Submits each iteration as one dask graph.
+
+    Parameters
+    ----------
+    scheduler : distributed.Client, "threads" or "sync"
+    store : ZarrTrajectory
+        The tasks read and write it by path.
+    context : Context
+        Propagator, layout and hierarchy; scattered to every worker once
+        (broadcast) on a distributed cluster, so the training data is not
+        shipped with each task.
+    timeout : float
+        Seconds one iteration may take on a cluster before it is abandoned.
+    """
+
+    def __init__(self, scheduler, store, context, *, timeout: float = 600.0, num_workers: int | None = None):
+        self.scheduler, self.store, self.timeout = scheduler, store, timeout
+        self.num_workers = num_workers
+        if isinstance(scheduler, Client):
+            self.name = "distributed"
+            self._raw_context = context
+            self._context = scheduler.scatter(context, broadcast=True, hash=False)
+        elif scheduler in ("threads", "sync"):
+            self.name = scheduler
+            self._context = context
+        else:
+            raise invalid("scheduler", scheduler, "a distributed.Client, 'threads' or 'sync'", TypeError)
+
+    def run(self, tasks) -> dict:
+        keys = [t.key for t in tasks]
+        if self.name == "distributed":
+            for attempt in range(_CONTEXT_ATTEMPTS):
+                try:
+                    values = self._run_distributed(tasks, attempt)
+                    break
+                except CancelledError as exc:
+                    # every worker holding the scattered context died (scattered data is never
+                    # recomputed): scatter it again and rerun the iteration, whose tasks are idempotent
+                    # (the context future may not know yet that it is lost when its dependants are told)
+                    lost = self._context.status != "finished" or any(
+                        reason in str(exc) for reason in ("lost dependencies", "already forgotten"))
+                    if not lost or attempt + 1 == _CONTEXT_ATTEMPTS:
+                        raise
+                    self._context = self.scheduler.scatter(self._raw_context, broadcast=True, hash=False)
+        else:
+            graph = {t.key: (t.func, t.spec, self.store, self._context, *t.deps) for t in tasks}
+            if self.name == "threads":
+                values = dask.threaded.get(graph, keys, num_workers=self.num_workers)
+            else:
+                values = dask.get(graph, keys)
+        return dict(zip(keys, values, strict=True))
+
+    def _run_distributed(self, tasks, attempt: int) -> list:
+        def name(key):  # a rerun uses new keys: the cancelled ones may still be forgotten by the scheduler
+            return key if attempt == 0 else f"{key}-retry{attempt}"
+
+        graph = {name(t.key): (t.func, t.spec, self.store, self._context, *map(name, t.deps)) for t in tasks}
+        keys = [name(t.key) for t in tasks]
+        futures = self.scheduler.get(graph, keys, sync=False)
+        deadline = time.monotonic() + self.timeout
+        values = []
+        try:
+            for future in futures:
+                values.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+        except TimeoutError:
+            self.scheduler.cancel(futures)
+            raise TimeoutError(
+                f"timeout={self.timeout:g}: an MGRIT iteration ({len(keys)} tasks) did not finish in time; "
+                "the store keeps the last completed iteration"
+            ) from None
+        except BaseException:
+            self.scheduler.cancel(futures)
+            raise
+        return values
+
+    def close(self) -> None:
+        if self.name == "distributed":
+            try:
+                self.scheduler.cancel([self._context])
+            except Exception:  # the cluster may already be gone
+                pass
+            self._context = None

@@ -1,0 +1,111 @@
+"""The time grids of an MGRIT hierarchy: which fine steps each level's points stand for.
+
+Level 0 has the points ``0 .. N`` (one per completed training step). Level
+``l + 1`` keeps every ``m_l``-th point of level ``l`` (``m_l`` is the
+coarsening factor, XBraid's ``cfactor``), so a step of level ``l`` spans
+``M_l = m_0 * ... * m_{l-1}`` fine steps. On a level ``l`` below the coarsest,
+the points ``q * m_l`` are C-points and the others F-points; interval ``q``
+holds the F-points ``q * m_l + 1 ..`` and, when it is complete, its right
+C-point ``(q + 1) * m_l``. A level whose size is not a multiple of ``m_l``
+ends with a trailing interval of F-points only (as in pymgrit and XBraid).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from daskann._validation import check_int, invalid
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Sizes and index maps of every level.
+
+    Attributes
+    ----------
+    n_steps : int
+        Fine steps ``N``.
+    cfactors : tuple of int
+        Coarsening factor from level ``l`` to ``l + 1`` (one per level but the last).
+    """
+
+    n_steps: int
+    cfactors: tuple[int, ...]
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.cfactors) + 1
+
+    def span(self, level: int) -> int:
+        """Fine steps covered by one step of ``level`` (``M_l``)."""
+        return math.prod(self.cfactors[:level])
+
+    def n_points(self, level: int) -> int:
+        """Steps of ``level`` (its points are ``0 .. n_points``)."""
+        return self.n_steps // self.span(level)
+
+    def n_cpoints(self, level: int) -> int:
+        """C-points of ``level`` after point 0 (the points of ``level + 1``)."""
+        return self.n_points(level + 1)
+
+    def n_intervals(self, level: int) -> int:
+        """Intervals of ``level``: complete ones plus a trailing one if any."""
+        return -(-self.n_points(level) // self.cfactors[level])
+
+    def interval_points(self, level: int, q: int) -> range:
+        """Points of ``level`` in interval ``q`` (F-points and the right C-point)."""
+        m = self.cfactors[level]
+        return range(q * m + 1, min((q + 1) * m, self.n_points(level)) + 1)
+
+    def has_cpoint(self, level: int, q: int) -> bool:
+        """Does interval ``q`` end in a C-point?"""
+        return q < self.n_cpoints(level)
+
+    def fine_index(self, level: int, point: int) -> int:
+        """Fine step index of a point of ``level``."""
+        return point * self.span(level)
+
+    def describe(self) -> list[dict]:
+        return [
+            {"level": lvl, "points": self.n_points(lvl), "span": self.span(lvl)}
+            for lvl in range(self.n_levels)
+        ]
+
+
+def check_hierarchy(n_steps, levels, cfactor, *, min_coarse: int = 1) -> Hierarchy:
+    """Validate the number of steps, levels and coarsening factors.
+
+    Parameters
+    ----------
+    n_steps : int
+        Fine steps ``N`` (at least 1).
+    levels : int
+        Number of levels (1 means a plain serial forward solve).
+    cfactor : int or sequence of int
+        Coarsening factor (XBraid ``SetCFactor``), one for all levels or one per
+        level but the coarsest; each at least 2.
+    min_coarse : int
+        Fewest steps the coarsest level may keep (XBraid ``SetMinCoarse``).
+    """
+    n_steps = check_int("n_steps", n_steps)
+    levels = check_int("levels", levels)
+    if isinstance(cfactor, (list, tuple)):
+        if len(cfactor) != levels - 1:
+            raise invalid("cfactor", list(cfactor), f"one factor per level but the coarsest ({levels - 1} values)")
+        factors = tuple(check_int(f"cfactor[{i}]", c, minimum=2) for i, c in enumerate(cfactor))
+    else:
+        factors = (check_int("cfactor", cfactor, minimum=2),) * (levels - 1)
+    hierarchy = Hierarchy(n_steps, factors)
+    coarse = hierarchy.n_points(levels - 1)
+    if coarse < min_coarse:
+        most = 1
+        while most < levels and n_steps // math.prod(factors[:most]) >= min_coarse:
+            most += 1
+        raise invalid(
+            "levels",
+            levels,
+            f"at most {most} levels for {n_steps} steps with coarsening {list(factors) or cfactor} "
+            f"(the coarsest level would keep {coarse} steps, fewer than {min_coarse})",
+        )
+    return hierarchy

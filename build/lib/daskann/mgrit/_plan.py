@@ -1,0 +1,281 @@
+"""The cycle logic: which sweeps run in which order, as tasks with chunk-level dependencies.
+
+The planner walks V- and F-cycles (and nested iteration) exactly as pymgrit's
+``Mgrit.iteration`` does, but emits one task per block of intervals per sweep
+instead of computing. Each task declares the store chunks it reads and
+writes; a task depends on the last writer of every chunk it reads, and on the
+last writer and the readers of every chunk it overwrites. The graph of one
+iteration therefore pipelines across sweeps and levels with no barrier but the
+residual check at its end, and its longest path is the work model's critical
+path.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from daskann.mgrit._kernels import SLOTS, CoarseSpec, SweepSpec, run_coarse, run_sweep
+
+
+@dataclass
+class Task:
+    key: str
+    func: object
+    spec: object
+    deps: tuple
+    cost: float
+    level: int
+    final: bool = False
+
+
+AUTO_TASKS = 32  # tasks per sweep that intervals_per_task="auto" aims at
+
+
+def block_sizes(hierarchy, intervals_per_task) -> tuple[int, ...]:
+    """Intervals per task on each level but the coarsest.
+
+    ``"auto"`` gives each sweep about :data:`AUTO_TASKS` tasks (a function of
+    the hierarchy only, so the store layout does not depend on the cluster).
+    """
+    sizes = []
+    for level in range(hierarchy.n_levels - 1):
+        n = hierarchy.n_intervals(level)
+        sizes.append(max(1, -(-n // AUTO_TASKS)) if intervals_per_task == "auto" else min(intervals_per_task, n))
+    return tuple(sizes)
+
+
+class _Tracker:
+    """Read-after-write and write-after-read dependencies between tasks, per chunk."""
+
+    def __init__(self):
+        self.writer: dict = {}
+        self.readers: dict = defaultdict(set)
+
+    def add(self, key: str, reads, writes) -> tuple:
+        deps = set()
+        for chunk in reads:
+            if chunk in self.writer:
+                deps.add(self.writer[chunk])
+        for chunk in writes:
+            if chunk in self.writer:
+                deps.add(self.writer[chunk])
+            deps |= self.readers.get(chunk, set())
+        for chunk in reads:
+            self.readers[chunk].add(key)
+        for chunk in writes:
+            self.writer[chunk] = key
+            self.readers[chunk] = set()
+        deps.discard(key)
+        return tuple(sorted(deps))
+
+
+class Planner:
+    """Builds the tasks of each MGRIT iteration and tracks where every level's values are.
+
+    Parameters
+    ----------
+    hierarchy : Hierarchy
+    options : dict
+        ``cf_iter`` (per level), ``weight_c`` (per level), ``cycle_type``,
+        ``store_fine``, ``blocks`` (intervals per task, per level).
+    cost : callable
+        ``cost(level)``: work units of one step of ``level``.
+    prefix : str
+        Key prefix of the run.
+    """
+
+    def __init__(self, hierarchy, options: dict, cost, prefix: str):
+        self.h = hierarchy
+        self.L = hierarchy.n_levels
+        self.opt = options
+        self.cost = cost
+        self.prefix = prefix
+        self.blocks = options["blocks"]
+        self.source = [None] * self.L
+        self.pending = [False] * self.L
+        self.rhs = [False] * self.L
+        self.gen = [0] * self.L  # generation of v{l}/g{l} holding the current restriction
+        self.committed = 0
+        self.restricted = False  # v1/g1 hold the restriction of the committed state
+        self.prerelaxed = None  # slot holding the C-relaxed committed state, if any
+        self.source[0] = ("c", 0)
+        self._tasks: list[Task] = []
+        self._tracker = _Tracker()
+        self._counter = 0
+        self._iteration = 0
+
+    # -- state -------------------------------------------------------------------
+    def restart_from(self, slot: int) -> None:
+        """Continue from committed C-values in ``slot`` (a resumed run)."""
+        self.committed = slot
+        self.source[0] = ("c", slot)
+        self.restricted = False
+        self.prerelaxed = None
+
+    # -- chunks ------------------------------------------------------------------
+    def _u_chunk(self, level: int, row: int) -> tuple:
+        if level == self.L - 1:
+            return ("u", level, 0)
+        return ("u", level, row // (self.h.cfactors[level] * self.blocks[level]))
+
+    def _vg_chunk(self, name: str, level: int, gen: int, row: int) -> tuple:
+        # v{l}/g{l} rows are written in blocks by the tasks of level l - 1
+        return (name, level, gen, row // self.blocks[level - 1])
+
+    def _c_reads(self, level: int, source: tuple, correct: bool, q: int) -> list:
+        if q == 0:
+            return []
+        m = self.h.cfactors[level]
+        if source[0] == "c":
+            chunks = [("c", level, source[1], (q - 1) // self.blocks[level])]
+        elif source[0] == "v":
+            chunks = [self._vg_chunk("v", level, self.gen[level], q * m - 1)]
+        else:
+            chunks = [self._u_chunk(level + 1, q - 1)]
+        if correct:
+            chunks += [self._u_chunk(level + 1, q - 1), self._vg_chunk("v", level + 1, self.gen[level + 1], q - 1)]
+        return chunks
+
+    def _free_slots(self, level: int, *taken) -> list[int]:
+        avoid = {s for s in taken if s is not None}
+        if level == 0 and self.committed is not None:
+            avoid.add(self.committed)
+        return [s for s in range(SLOTS) if s not in avoid]
+
+    # -- emitting tasks ------------------------------------------------------------
+    def _emit(self, func, spec, reads, writes, cost, level, final=False, label="") -> None:
+        key = f"{self.prefix}-it{self._iteration}-{self._counter:04d}-L{level}{label}"
+        self._counter += 1
+        deps = self._tracker.add(key, reads, writes)
+        self._tasks.append(Task(key, func, spec, deps, cost, level, final))
+
+    def sweep(self, level: int, mode: str, *, restrict: bool = False, fuse_c: bool = False,
+              store_u: bool | None = None, final: bool = False) -> int | None:
+        """Emit one relaxation sweep over every interval of ``level``."""
+        h = self.h
+        source = self.source[level]
+        src_slot = source[1] if source[0] == "c" else None
+        free = self._free_slots(level, src_slot)
+        dst = free[0]
+        fuse = free[1] if fuse_c else None
+        if store_u is None:
+            store_u = level > 0
+        correct = self.pending[level]
+        rhs = self.rhs[level]
+        weight = self.opt["weight_c"][level]
+        gen = self.gen[level]
+        gen_next = self.gen[level + 1] if level + 1 < self.L else 0
+        n_int = h.n_intervals(level)
+        block = self.blocks[level]
+        first = len(self._tasks)
+        for q0 in range(0, n_int, block):
+            q1 = min(q0 + block, n_int)
+            reads, writes = [], []
+            cost = 0.0
+            for q in range(q0, q1):
+                points = h.interval_points(level, q)
+                has_c = h.has_cpoint(level, q)
+                reads += self._c_reads(level, source, correct, q)
+                if has_c:
+                    reads += self._c_reads(level, source, correct, q + 1)
+                    if restrict:
+                        cost += self.cost(level + 1)
+                if rhs:
+                    reads += [self._vg_chunk("g", level, gen, p - 1) for p in points]
+                cost += len(points) * self.cost(level)
+            b = q0 // block
+            if h.has_cpoint(level, q0):
+                writes.append(("c", level, dst, b))
+                if fuse is not None:
+                    writes.append(("c", level, fuse, b))
+                if restrict:
+                    writes += [("v", level + 1, 1 - gen_next, b), ("g", level + 1, 1 - gen_next, b)]
+            if store_u:
+                writes.append(("u", level, b))
+            reads = list(dict.fromkeys(reads))
+            spec = SweepSpec(level=level, q0=q0, q1=q1, mode=mode, source=source, dst=dst, correct=correct,
+                             rhs=rhs, store_u=store_u, restrict=restrict, fuse_c=fuse, weight=weight, gen=gen,
+                             gen_next=gen_next)
+            self._emit(run_sweep, spec, reads, writes, cost, level, final, f"-{mode}-q{q0}")
+        keys = {t.key for t in self._tasks[first:]}
+        if any(d in keys for t in self._tasks[first:] for d in t.deps):
+            raise AssertionError(f"tasks of one sweep on level {level} depend on each other")
+        self.source[level] = ("c", dst)
+        self.pending[level] = False
+        if restrict:
+            if level + 1 < self.L - 1:
+                self.source[level + 1] = ("v",)
+            self.pending[level + 1] = False
+            self.rhs[level + 1] = True
+            self.gen[level + 1] = 1 - gen_next
+        return fuse
+
+    def coarse_solve(self) -> None:
+        level = self.L - 1
+        rhs = self.rhs[level]
+        n = self.h.n_points(level)
+        gen = self.gen[level]
+        reads = list(dict.fromkeys(self._vg_chunk("g", level, gen, r) for r in range(n))) if rhs else []
+        self._emit(run_coarse, CoarseSpec(level=level, rhs=rhs, gen=gen), reads, [("u", level, 0)],
+                   n * self.cost(level), level, final=(level == 0), label="-coarse")
+
+    def cycle(self, level: int, kind: str) -> None:
+        """V- or F-cycle starting on ``level >= 1`` (pymgrit ``iteration``)."""
+        if level == self.L - 1:
+            self.coarse_solve()
+            return
+        for _ in range(self.opt["cf_iter"][level]):
+            self.sweep(level, "C")
+        self.sweep(level, "R", restrict=True)
+        self.cycle(level + 1, kind)
+        self.pending[level] = True
+        if kind == "F":
+            # pymgrit's F-cycle: one more V-cycle from this level after the correction
+            self.cycle(level, "V")
+        else:
+            self.sweep(level, "F")
+
+    def nested(self) -> None:
+        """Nested iteration: solve the coarsest level's own problem, refine level by level."""
+        self.rhs = [False] * self.L
+        self.coarse_solve()
+        for level in range(self.L - 2, 0, -1):
+            self.source[level] = ("u",)
+            self.pending[level] = False
+            self.cycle(level, "V")
+        self.source[0] = ("u",)
+        self.committed = None
+        self.restricted = False
+        self.prerelaxed = None
+
+    # -- one iteration ---------------------------------------------------------------
+    def iteration(self, iteration: int, *, nested: bool = False) -> list[Task]:
+        """The tasks of MGRIT iteration ``iteration`` (1-based)."""
+        self._tasks, self._tracker, self._counter = [], _Tracker(), 0
+        self._iteration = iteration
+        if self.L == 1:
+            self.coarse_solve()
+            return self._tasks
+        if nested:
+            self.nested()
+        cf0 = self.opt["cf_iter"][0]
+        if cf0 == 0:
+            if not self.restricted:
+                self.sweep(0, "R", restrict=True)
+        else:
+            pre = cf0
+            if self.prerelaxed is not None:
+                self.source[0] = ("c", self.prerelaxed)
+                pre -= 1
+            for _ in range(pre):
+                self.sweep(0, "C")
+            self.sweep(0, "R", restrict=True)
+        self.cycle(1, self.opt["cycle_type"])
+        self.pending[0] = True
+        fused = self.sweep(0, "R", restrict=(cf0 == 0), fuse_c=(cf0 > 0), store_u=self.opt["store_fine"],
+                           final=True)
+        self.committed = self.source[0][1]
+        self.restricted = cf0 == 0
+        self.prerelaxed = fused
+        return self._tasks

@@ -1,0 +1,372 @@
+"""Training as a time evolution: the SGD step as the fine propagator, and coarse propagators.
+
+The state of a training run is ``(w0, b0, w1, b1, ..., vw0, vb0, vw1, vb1, ...)``:
+the network's parameters in ``MLP.params`` order followed by the SGD velocity
+of each. The fine propagator ``Phi_i`` is one step of SGD with momentum on
+minibatch ``i``, computed by the same code and in the same order as
+:class:`daskann.SerialTrainer`, so a converged MGRIT run reproduces serial
+training.
+
+Coarse propagators (level ``l`` spans ``M_l`` fine steps):
+
+``"scaled"``
+    One step that stands for ``alpha_l`` fine steps with a frozen gradient:
+    ``v' = beta^a v + c_v g`` and ``w' = w - lr (beta c_v v + c_w g)`` with
+    ``c_v = (1 - beta^a) / (1 - beta)`` and ``c_w = (a - beta c_v) / (1 - beta)``
+    (``a = alpha_l``): exactly what ``a`` heavy-ball steps do when the gradient
+    does not change, so the fine velocity is carried consistently. Without
+    momentum it is one SGD step with learning rate ``alpha_l * lr``.
+    ``alpha_l`` is ``M_l`` (the span) by default, ``alpha_growth ** l`` when a
+    growth rate is given (the paper's ``alpha^(l)``, e.g. 1.25), and never more
+    than ``alpha_cap`` (SGD's stability limit: a coarse step with
+    ``lr * alpha_l`` beyond it makes MGRIT diverge). ``substeps`` splits the
+    coarse step into that many such steps, each with a fresh gradient
+    ("applying Phi twice" is ``substeps=2``); ``coarse_batches`` evaluates
+    each gradient on that many of the interval's minibatches at once.
+``"repeat"``
+    The fine step applied ``M_l`` times: exact, so MGRIT converges at once but
+    saves nothing. For checks.
+callable
+    ``coarse(state, start, stop, level) -> state``, supplied by the user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+
+import numpy as np
+
+from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann.data import BatchOrder
+from daskann.mgrit.problem import Propagator
+from daskann.nn import LOSSES, MLP, SGD
+
+
+def _data_digest(X: np.ndarray, y: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in (X, y):
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+class SGDPropagator(Propagator):
+    """Minibatch SGD with momentum as an MGRIT propagator.
+
+    Parameters
+    ----------
+    model : MLP
+        Architecture (its weights are not used: the state carries them).
+    X, y : ndarray
+        Training data, already checked (as :class:`SerialTrainer` sees it).
+    loss : {"mse", "cross_entropy"}
+    order : BatchOrder
+        Which rows step ``i`` uses.
+    lr : float
+    momentum : float
+    coarse : {"scaled", "repeat"} or callable
+        Coarse propagator (module docstring).
+    alpha_growth : float, optional
+        Coarse learning-rate factor ``alpha_l = alpha_growth ** l``; default:
+        the span ``M_l`` of a level-``l`` step.
+    alpha_cap : float, "auto" or None
+        Upper bound of ``alpha_l``; None or ``math.inf`` for none; ``"auto"``
+        estimates SGD's stability limit from the curvature at ``model``'s
+        weights (:func:`auto_alpha_cap`; the resolved number is in
+        :meth:`get_config`).
+    substeps : int
+        Steps (fresh gradients) per coarse step.
+    coarse_batches : int
+        Minibatches per coarse gradient, spread over the coarse step's span.
+    step_offset : int
+        Training steps done before point 0 (a run resumed from a checkpoint):
+        step ``i`` of the solve trains on minibatch ``step_offset + i``.
+
+    Examples
+    --------
+    >>> from daskann.data import make_linear
+    >>> X, y = make_linear(64, 4, 1, seed=0)
+    >>> net = MLP([4, 8, 1], seed=0)
+    >>> prop = SGDPropagator(net, X, y, loss="mse", order=BatchOrder(64, 16), lr=0.01, momentum=0.9)
+    >>> u0 = prop.initial_state(net)
+    >>> len(prop.step(u0, 0, 1, 0)) == len(u0)
+    True
+    """
+
+    def __init__(
+        self,
+        model: MLP,
+        X,
+        y,
+        *,
+        loss: str,
+        order: BatchOrder,
+        lr: float,
+        momentum: float = 0.0,
+        coarse="scaled",
+        alpha_growth: float | None = None,
+        alpha_cap: float | None = None,
+        substeps: int = 1,
+        coarse_batches: int = 1,
+        step_offset: int = 0,
+    ):
+        if not isinstance(model, MLP):
+            raise invalid("model", type(model).__name__, "an MLP", TypeError)
+        if not isinstance(order, BatchOrder):
+            raise invalid("order", type(order).__name__, "a BatchOrder", TypeError)
+        self.config = model.get_config()
+        self.X, self.y = X, y
+        self.loss = check_choice("loss", loss, LOSSES)
+        self.order = order
+        self.optimizer = SGD(lr, momentum)
+        if not (callable(coarse) or coarse in ("scaled", "repeat")):
+            raise invalid("coarse", coarse, "'scaled', 'repeat' or a callable coarse(state, start, stop, level)",
+                          TypeError if not isinstance(coarse, str) else ValueError)
+        self.coarse = coarse
+        self.alpha_growth = None if alpha_growth is None else check_float(
+            "alpha_growth", alpha_growth, minimum=1.0)
+        auto = isinstance(alpha_cap, str) and alpha_cap == "auto"
+        if alpha_cap is not None and not auto and not (isinstance(alpha_cap, (int, float)) and alpha_cap == math.inf):
+            alpha_cap = check_float("alpha_cap", alpha_cap, minimum=1.0)
+        self.alpha_cap = None if alpha_cap is None or alpha_cap == math.inf or auto else float(alpha_cap)
+        self.substeps = check_int("substeps", substeps)
+        self.coarse_batches = check_int("coarse_batches", coarse_batches)
+        self.step_offset = check_int("step_offset", step_offset, minimum=0)
+        self._n = 2 * (len(self.config["sizes"]) - 1)
+        sizes = self.config["sizes"]
+        shapes = []
+        for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+            shapes += [(n_in, n_out), (n_out,)]
+        self._shapes = shapes + shapes
+        self._local = threading.local()
+        self._rows: dict[int, np.ndarray] = {}
+        self._digest = _data_digest(X, y)
+        if auto:
+            self.alpha_cap = auto_alpha_cap(self, self.initial_state(model))
+            if self.alpha_cap == math.inf:
+                self.alpha_cap = None
+
+    # -- state ----------------------------------------------------------------------
+    def initial_state(self, model: MLP, velocity=None) -> tuple:
+        """``(params..., velocities...)`` of ``model`` (zero velocity by default)."""
+        params = [np.array(p) for p in model.params]
+        vel = [np.zeros_like(p) for p in params] if velocity is None else [np.array(v) for v in velocity]
+        return tuple(params + vel)
+
+    def split(self, state) -> tuple[MLP, list]:
+        """The network and the velocity a state describes."""
+        params = [np.array(a) for a in state[: self._n]]
+        model = MLP.from_arrays(params[0::2], params[1::2], activation=self.config["activation"],
+                                output=self.config["output"], negative_slope=self.config["negative_slope"])
+        return model, [np.array(a) for a in state[self._n :]]
+
+    def get_config(self) -> dict:
+        """What identifies the training problem (stored with a run)."""
+        return {
+            "model": self.config, "loss": self.loss, "lr": self.optimizer.lr, "momentum": self.optimizer.momentum,
+            "batch_order": self.order.get_state(), "data": self._digest,
+            "coarse": self.coarse if isinstance(self.coarse, str) else getattr(self.coarse, "__qualname__", "callable"),
+            "alpha_growth": self.alpha_growth, "alpha_cap": self.alpha_cap, "substeps": self.substeps,
+            "coarse_batches": self.coarse_batches, "step_offset": self.step_offset,
+        }
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        del state["_local"]
+        state["_rows"] = {}
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    # -- the steps --------------------------------------------------------------------
+    def rows(self, step: int) -> np.ndarray:
+        """Rows of training step ``step`` of the solve (memoised: sweeps revisit every step)."""
+        rows = self._rows.get(step)
+        if rows is None:
+            rows = self._rows[step] = self.order.indices(self.step_offset + step)
+        return rows
+
+    def _gradients(self, params, rows) -> list[np.ndarray]:
+        # one network object per thread: the threaded scheduler runs tasks side by side
+        net = getattr(self._local, "net", None)
+        if net is None:
+            net = self._local.net = MLP.from_arrays(
+                params[0::2], params[1::2], activation=self.config["activation"], output=self.config["output"],
+                negative_slope=self.config["negative_slope"])
+        net.weights, net.biases = params[0::2], params[1::2]
+        _value, grad_w, grad_b = net.loss_and_gradients(self.X[rows], self.y[rows], self.loss)
+        return [g for pair in zip(grad_w, grad_b, strict=True) for g in pair]
+
+    def _views(self, vector: np.ndarray):
+        """Parameter and velocity arrays viewing a flat state vector."""
+        parts, offset = [], 0
+        for shape in self._shapes:
+            n = math.prod(shape)
+            parts.append(vector[offset : offset + n].reshape(shape))
+            offset += n
+        return parts[: self._n], parts[self._n :]
+
+    def step_flat(self, vector: np.ndarray, start: int, stop: int, level: int) -> np.ndarray:
+        """:meth:`step` on the solver's flat state vector (same arithmetic, no repacking)."""
+        out = np.array(vector)
+        params, velocity = self._views(out)
+        if level == 0:
+            grads = self._gradients(params, self.rows(start))
+            self.optimizer.step(params, grads, velocity)
+            return out
+        if self.coarse == "repeat":
+            for i in range(start, stop):
+                grads = self._gradients(params, self.rows(i))
+                self.optimizer.step(params, grads, velocity)
+            return out
+        return None
+
+    def fine_step(self, state, step: int) -> tuple:
+        """One training step from point ``step``, as :class:`SerialTrainer` does it."""
+        params = [np.array(a) for a in state[: self._n]]
+        velocity = [np.array(a) for a in state[self._n :]]
+        grads = self._gradients(params, self.rows(step))
+        self.optimizer.step(params, grads, velocity)
+        return tuple(params + velocity)
+
+    def alpha(self, level: int, span: int) -> float:
+        """Fine steps' worth of one coarse step on ``level`` (before substeps)."""
+        a = float(span) if self.alpha_growth is None else self.alpha_growth**level
+        return a if self.alpha_cap is None else min(a, self.alpha_cap)
+
+    def step(self, state, start, stop, level):
+        if level == 0:
+            return self.fine_step(state, start)
+        if self.coarse == "repeat":
+            for i in range(start, stop):
+                state = self.fine_step(state, i)
+            return state
+        if callable(self.coarse):
+            return self.coarse(state, start, stop, level)
+        return self._scaled_step(state, start, stop, level)
+
+    def _scaled_step(self, state, start, stop, level):
+        span = stop - start
+        k = self.substeps
+        a = self.alpha(level, span) / k
+        beta = self.optimizer.momentum
+        if beta:
+            decay = beta**a
+            c_v = (1.0 - decay) / (1.0 - beta)
+            c_w = (a - beta * c_v) / (1.0 - beta)
+        else:
+            decay, c_v, c_w = 0.0, 1.0, a
+        dtype = np.dtype(self.config["dtype"]).type
+        lr = self.optimizer.lr
+        params = [np.array(x) for x in state[: self._n]]
+        velocity = [np.array(x) for x in state[self._n :]]
+        b = self.coarse_batches
+        for j in range(k):
+            first = start + (span * j) // k
+            width = max(1, (span * (j + 1)) // k - (span * j) // k)
+            steps = [first + (width * i) // b for i in range(min(b, width))]
+            rows = self.rows(steps[0]) if len(steps) == 1 else np.concatenate([self.rows(s) for s in steps])
+            grads = self._gradients(params, rows)
+            for p, g, v in zip(params, grads, velocity, strict=True):
+                if beta:
+                    p -= dtype(lr) * (dtype(beta * c_v) * v + dtype(c_w) * g)
+                    v *= dtype(decay)
+                    v += dtype(c_v) * g
+                else:
+                    p -= dtype(lr * c_w) * g
+                    v[...] = g
+        return tuple(params + velocity)
+
+    def cost(self, level, span):
+        if level == 0:
+            return 1.0
+        if self.coarse == "repeat":
+            return float(span)
+        if callable(self.coarse):
+            return 1.0
+        return float(self.substeps * min(self.coarse_batches, max(1, span // self.substeps)))
+
+
+def stable_alpha_cap(lr: float, momentum: float, curvature: float, *, margin: float = 0.5) -> float:
+    """Largest ``alpha`` that keeps a frozen-gradient coarse step stable on ``curvature``.
+
+    A quadratic with Hessian eigenvalue ``h`` is stable under the scaled
+    coarse step when ``lr * c_w(alpha) * h`` stays below 2; ``margin`` keeps a
+    safety factor (1 is the limit).
+    """
+    lr = check_float("lr", lr, minimum=0.0, min_inclusive=False)
+    curvature = check_float("curvature", curvature, minimum=0.0, min_inclusive=False)
+    limit = 2.0 * margin / (lr * curvature)
+    if not momentum:
+        return max(1.0, limit)
+    # c_w(a) = (a - beta c_v(a)) / (1 - beta) grows monotonically in a: bisect
+    lo, hi = 1.0, 1.0
+    while _c_w(hi, momentum) < limit and hi < 1e9:
+        hi *= 2.0
+    if _c_w(lo, momentum) >= limit:
+        return 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _c_w(mid, momentum) < limit else (lo, mid)
+    return lo
+
+
+def _c_w(a: float, beta: float) -> float:
+    c_v = (1.0 - beta**a) / (1.0 - beta)
+    return (a - beta * c_v) / (1.0 - beta)
+
+
+def top_curvature(propagator: SGDPropagator, state, *, steps=(0,), iterations: int = 20, seed: int = 0) -> float:
+    """Largest Hessian eigenvalue of the minibatch losses at ``state`` (power iteration on
+    finite-difference Hessian-vector products); the scale of :func:`stable_alpha_cap`."""
+    params = [np.array(a, dtype=np.float64) for a in state[: propagator._n]]
+    rows = np.concatenate([propagator.order.indices(propagator.step_offset + s) for s in steps])
+    flat = np.concatenate([p.ravel() for p in params])
+    shapes = [p.shape for p in params]
+
+    def grad(vector):
+        parts, offset = [], 0
+        for shape in shapes:
+            n = math.prod(shape)
+            parts.append(vector[offset : offset + n].reshape(shape).astype(params[0].dtype))
+            offset += n
+        return np.concatenate([g.ravel() for g in propagator._gradients(parts, rows)]).astype(np.float64)
+
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(flat.size)
+    v /= np.linalg.norm(v)
+    g0 = grad(flat)
+    eps = 1e-5 * max(1.0, np.linalg.norm(flat))
+    value = 0.0
+    for _ in range(iterations):
+        hv = (grad(flat + eps * v) - g0) / eps
+        value = float(v @ hv)
+        norm = np.linalg.norm(hv)
+        if norm == 0:
+            break
+        v = hv / norm
+    return abs(value)
+
+
+def auto_alpha_cap(propagator: SGDPropagator, state, *, batches: int = 4, growth: float = 4.0,
+                   margin: float = 0.5) -> float:
+    """The coarse learning-rate cap ``alpha_cap="auto"`` resolves to.
+
+    The top curvature of the first ``batches`` minibatches at ``state`` (the
+    initial weights), times ``growth`` because curvature rises during
+    training (progressive sharpening), through :func:`stable_alpha_cap`.
+    """
+    steps = tuple(range(batches))
+    curvature = top_curvature(propagator, state, steps=steps)
+    if curvature <= 0.0:
+        return math.inf
+    return stable_alpha_cap(propagator.optimizer.lr, propagator.optimizer.momentum, growth * curvature,
+                            margin=margin)
+
+
+__all__ = ["SGDPropagator", "auto_alpha_cap", "stable_alpha_cap", "top_curvature"]

@@ -1,0 +1,680 @@
+"""The MGRIT solver: full approximation scheme (FAS) multigrid reduction in time.
+
+Solves ``u_0 = given, u_i = Phi_{i-1}(u_{i-1}) (i = 1..N)`` for all ``i`` at
+once, in parallel over the steps, by V- or F-cycles over a hierarchy of
+coarser time grids (XBraid; pymgrit ``Mgrit``). ``Phi`` may be nonlinear: the
+coarse levels solve FAS problems ``A_{l+1}(u) = A_{l+1}(v) + R r``.
+
+Option names follow pymgrit (``cf_iter``, ``cycle_type``, ``weight_c``,
+``tol``, ``max_iter``, ``nested_iteration``, ``t_norm``) and XBraid where
+pymgrit has none:
+
+=====================  ================================  ==============================
+daskann                XBraid                            pymgrit 1.0.6
+=====================  ================================  ==============================
+``levels``             ``braid_SetMaxLevels``            number of problem levels
+``cfactor``            ``braid_SetCFactor`` (per level)  ``coarsening`` (setup helper)
+``cf_iter``            ``braid_SetNRelax`` (per level)   ``cf_iter``
+``cycle_type``         ``braid_SetFMG`` for ``"F"``      ``cycle_type``
+``weight_c``           ``braid_SetCRelaxWt`` (per level) ``weight_c``
+``tol``                ``braid_SetAbsTol``               ``tol``
+``rtol``               ``braid_SetRelTol``               --
+``t_norm``             ``braid_SetTemporalNorm``         ``t_norm``
+``max_iter``           ``braid_SetMaxIter``              ``max_iter``
+``nested_iteration``   (``braid_SetSkip`` is related)    ``nested_iteration``
+``min_coarse``         ``braid_SetMinCoarse``            --
+``store_fine``         ``braid_SetStorage(0)``           full storage (always)
+``callback``           ``access`` routine                ``output_fcn``
+=====================  ================================  ==============================
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from distributed import Client
+
+from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann.mgrit import _store, workmodel
+from daskann.mgrit._errors import MGRITDiverged, PropagatorError
+from daskann.mgrit._executors import DaskExecutor, InProcessExecutor
+from daskann.mgrit._kernels import Context, StepFailed
+from daskann.mgrit._levels import Hierarchy, check_hierarchy
+from daskann.mgrit._plan import Planner, block_sizes
+from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
+
+
+@dataclass
+class IterationInfo:
+    """What the callback sees after each iteration.
+
+    Attributes
+    ----------
+    iteration : int
+        1-based.
+    residual : float
+        Residual norm over the fine C-points.
+    seconds : float
+        Wall time of the iteration.
+    converged : bool
+    state : tuple of ndarray
+        Current approximation of the final state ``u_N``.
+    """
+
+    iteration: int
+    residual: float
+    seconds: float
+    converged: bool
+    state: tuple
+    _cpoints: Callable | None = field(default=None, repr=False)
+
+    def cpoints(self) -> np.ndarray:
+        """Current values at the fine level's C-points ``m, 2m, ...`` as rows of flat state vectors
+        (XBraid's access routine sees every point; C-points are what the store keeps)."""
+        if self._cpoints is None:
+            return np.empty((0, 0))
+        return self._cpoints()
+
+
+@dataclass
+class MGRITResult:
+    """Plain record of a solve (pymgrit's ``solve()`` dictionary, with more in it).
+
+    Attributes
+    ----------
+    converged : bool
+    status : {"converged", "max_iter"}
+    iterations : int
+    residuals : list of float
+        Residual norm after each iteration.
+    iteration_times : list of float
+        Wall seconds per iteration.
+    setup_time, solve_time : float
+        Seconds for set-up (checks, store, scatter) and for the iterations.
+    state : tuple of ndarray
+        Final state ``u_N``.
+    critical_path : list of float
+        Work-model critical path of each iteration (fine-step units), for
+        the work model's graph: one task per interval per sweep, whatever
+        ``intervals_per_task`` the run used.
+    work : list of float
+        Work-model total work of each iteration.
+    critical_path_run : list of float
+        Critical path of the task graph as run (blocks of intervals per task).
+    n_tasks : list of int
+    n_steps : int
+    levels : list of dict
+        Points and span of each level.
+    tol, rtol, max_iter : numbers
+    executor : str
+        ``"inprocess"``, ``"threads"``, ``"sync"`` or ``"distributed"``.
+    store : str or None
+    run_id : str
+    fine_points : ndarray or None
+        Rows ``u_0 .. u_N`` as flat vectors when solved with ``store_fine=True``.
+    """
+
+    converged: bool
+    status: str
+    iterations: int
+    residuals: list
+    iteration_times: list
+    setup_time: float
+    solve_time: float
+    state: tuple
+    critical_path: list
+    work: list
+    critical_path_run: list
+    n_tasks: list
+    n_steps: int
+    levels: list
+    tol: float
+    rtol: float | None
+    max_iter: int
+    executor: str
+    store: str | None
+    run_id: str
+    graphs: list = field(default_factory=list, repr=False)
+    fine_points: np.ndarray | None = field(default=None, repr=False)
+    layout: StateLayout | None = field(default=None, repr=False)
+
+    def trajectory(self) -> list[tuple]:
+        """Every fine point ``u_0 .. u_N`` as states (needs ``store_fine=True``)."""
+        if self.fine_points is None:
+            raise ValueError("store_fine=False is not valid for trajectory(): solve with store_fine=True")
+        return [tuple(np.array(a) for a in self.layout.unpack(row)) for row in self.fine_points]
+
+    def speedup(self, workers: int | None = None) -> float:
+        """Work-model speedup over ``N`` serial steps: unlimited workers, or ``workers``.
+
+        Each iteration costs its critical path (or its list-schedule makespan
+        on ``workers``) plus one unit for the residual reduction.
+        """
+        if workers is None:
+            times = self.critical_path
+        else:
+            workers = check_int("workers", workers)
+            # iterations done before a resume kept no graph: their critical path stands in
+            earlier = self.critical_path[: len(self.critical_path) - len(self.graphs)]
+            times = list(earlier) + [workmodel.makespan(g, workers) for g in self.graphs]
+        return workmodel.speedup(self.n_steps, times)
+
+    def convergence_factors(self) -> list[float]:
+        """Ratios of successive residuals."""
+        r = self.residuals
+        return [r[i] / r[i - 1] if r[i - 1] > 0 else float("nan") for i in range(1, len(r))]
+
+    def to_dict(self) -> dict:
+        """JSON-safe summary (no state arrays)."""
+        return {
+            "converged": self.converged, "status": self.status, "iterations": self.iterations,
+            "residuals": list(self.residuals), "iteration_times": list(self.iteration_times),
+            "setup_time": self.setup_time, "solve_time": self.solve_time,
+            "critical_path": list(self.critical_path), "work": list(self.work), "n_tasks": list(self.n_tasks),
+            "critical_path_run": list(self.critical_path_run),
+            "n_steps": self.n_steps, "levels": self.levels, "tol": self.tol, "rtol": self.rtol,
+            "max_iter": self.max_iter, "executor": self.executor, "store": self.store, "run_id": self.run_id,
+            "speedup_unlimited": self.speedup() if self.critical_path else None,
+        }
+
+
+class _LightTask:
+    """What the work model keeps of a task."""
+
+    __slots__ = ("key", "cost", "deps")
+
+    def __init__(self, key, cost, deps):
+        self.key, self.cost, self.deps = key, cost, deps
+
+
+def _per_level(name: str, value, n: int, check) -> tuple:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise invalid(name, list(value), f"one value per level but the coarsest ({n} values)")
+        return tuple(check(f"{name}[{i}]", v) for i, v in enumerate(value))
+    return (check(name, value),) * n
+
+
+class MGRIT:
+    """FAS multigrid reduction in time over ``n_steps`` steps of a propagator.
+
+    Parameters
+    ----------
+    propagator : Propagator or callable
+        The time stepper of every level (a callable ``phi(state, i)`` is
+        wrapped in :class:`FunctionPropagator`, whose coarse levels repeat it).
+    u0 : tuple of ndarray
+        Initial state (one floating dtype).
+    n_steps : int
+        Fine steps ``N``.
+    levels : int
+        Number of levels (1 is a serial forward solve).
+    cfactor : int or sequence of int
+        Coarsening factor, at least 2, for all levels or per level.
+    cf_iter : int or sequence of int
+        CF sweeps after the first F-relaxation: 0 is F-relaxation, 1 is FCF,
+        2 is FCFCF (per level if a sequence).
+    cycle_type : {"V", "F"}
+    weight_c : float or sequence of float
+        C-relaxation weight in (0, 2) per level; 1 is plain C-relaxation.
+    weight_c_growth : float
+        Multiplies the weight on every coarser level: level ``l`` uses
+        ``weight_c[l] * weight_c_growth ** l`` (one reading of the paper's
+        relaxation factor ``alpha^(l) = 1.25^l``).
+    tol : float
+        Absolute tolerance on the residual norm (> 0).
+    rtol : float, optional
+        Relative tolerance against the first iteration's residual.
+    t_norm : {1, 2, inf}
+        Temporal norm over the C-points of the per-point 2-norms.
+    max_iter : int
+        At least 1.
+    nested_iteration : bool
+        Start from the coarse levels' own solutions (pymgrit's default)
+        instead of ``initial_guess``.
+    initial_guess : {"start", "zero"}
+        Every point starts at ``u0`` (``"start"``) or at zero.
+    store_fine : bool
+        Keep every fine point in the store (``trajectory()``); otherwise only
+        C-points (XBraid's default storage).
+    min_coarse : int
+        Fewest steps the coarsest level may have.
+    divergence_factor : float or None
+        The run is declared unstable when the residual exceeds this multiple
+        of the smallest residual so far; None disables the check. Non-finite
+        states are always an error.
+    callback : callable, optional
+        ``callback(IterationInfo)`` after each iteration.
+    scheduler : None, "inprocess", "sync", "threads", "distributed" or distributed.Client
+        Where the tasks run: in this process on numpy arrays (None), on dask's
+        local schedulers, or on a cluster (tasks read and write a zarr store);
+        ``"distributed"`` is the default client, or an embedded LocalCluster
+        closed afterwards.
+    store : path, optional
+        Zarr trajectory store for the dask schedulers (a temporary folder,
+        removed afterwards, when omitted). An existing store of the same
+        ``run_id`` and configuration is continued; one of another run is refused.
+    run_id : str, optional
+        Names the run in its store; give it to continue an interrupted run.
+    intervals_per_task : int or "auto"
+        Intervals one task relaxes: 1 is one task per interval per sweep;
+        ``"auto"`` gives each sweep about 32 tasks (fewer, longer tasks: the
+        scheduler's per-task cost stays small against the work). Chunks of the
+        store hold the intervals of one task.
+    timeout : float
+        Seconds one iteration may take on a cluster.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> result = MGRIT(lambda u, i: (0.9 * u[0],), (np.ones(2),), 64, levels=3, cfactor=4).solve()
+    >>> result.converged
+    True
+    """
+
+    def __init__(
+        self,
+        propagator,
+        u0,
+        n_steps: int,
+        *,
+        levels: int = 3,
+        cfactor=2,
+        cf_iter=1,
+        cycle_type: str = "V",
+        weight_c=1.0,
+        weight_c_growth: float = 1.0,
+        tol: float = 1e-9,
+        rtol: float | None = None,
+        t_norm=2,
+        max_iter: int = 100,
+        nested_iteration: bool = False,
+        initial_guess: str = "start",
+        store_fine: bool = False,
+        min_coarse: int = 2,
+        divergence_factor: float | None = 1e4,
+        callback: Callable | None = None,
+        scheduler=None,
+        store=None,
+        run_id: str | None = None,
+        intervals_per_task="auto",
+        timeout: float = 600.0,
+    ):
+        self.propagator = propagator
+        self.u0 = u0
+        self.n_steps = n_steps
+        self.levels = levels
+        self.cfactor = cfactor
+        self.cf_iter = cf_iter
+        self.cycle_type = cycle_type
+        self.weight_c = weight_c
+        self.weight_c_growth = weight_c_growth
+        self.tol = tol
+        self.rtol = rtol
+        self.t_norm = t_norm
+        self.max_iter = max_iter
+        self.nested_iteration = nested_iteration
+        self.initial_guess = initial_guess
+        self.store_fine = store_fine
+        self.min_coarse = min_coarse
+        self.divergence_factor = divergence_factor
+        self.callback = callback
+        self.scheduler = scheduler
+        self.store = store
+        self.run_id = run_id
+        self.intervals_per_task = intervals_per_task
+        self.timeout = timeout
+
+    # -- checks ------------------------------------------------------------------
+    def _check(self) -> dict:
+        prop = self.propagator
+        if not isinstance(prop, Propagator):
+            if callable(prop):
+                prop = FunctionPropagator(prop)
+            else:
+                raise invalid("propagator", type(prop).__name__, "a Propagator or a callable phi(state, i)",
+                              TypeError)
+        layout = StateLayout.from_state(self.u0)
+        min_coarse = check_int("min_coarse", self.min_coarse)
+        hierarchy = check_hierarchy(self.n_steps, self.levels, self.cfactor, min_coarse=min_coarse)
+        n = hierarchy.n_levels - 1
+        cf_iter = _per_level("cf_iter", self.cf_iter, n, lambda k, v: check_int(k, v, minimum=0))
+        weight = _per_level("weight_c", self.weight_c, n,
+                            lambda k, v: check_float(k, v, minimum=0.0, maximum=2.0, min_inclusive=False,
+                                                     max_inclusive=False))
+        growth = check_float("weight_c_growth", self.weight_c_growth, minimum=0.0, min_inclusive=False)
+        weights = tuple(w * growth**lvl for lvl, w in enumerate(weight))
+        for lvl, w in enumerate(weights):
+            if not 0.0 < w < 2.0:
+                raise invalid("weight_c_growth", self.weight_c_growth,
+                              f"a growth that keeps every level's C-relaxation weight in (0, 2) "
+                              f"(level {lvl} would get {w:.4g})")
+        cycle_type = check_choice("cycle_type", self.cycle_type, ("V", "F"))
+        tol = check_float("tol", self.tol, minimum=0.0, min_inclusive=False)
+        rtol = None if self.rtol is None else check_float("rtol", self.rtol, minimum=0.0, maximum=1.0,
+                                                          min_inclusive=False, max_inclusive=False)
+        if self.t_norm not in (1, 2, math.inf, "inf"):
+            raise invalid("t_norm", self.t_norm, "1, 2 or numpy.inf")
+        t_norm = math.inf if self.t_norm == "inf" else self.t_norm
+        max_iter = check_int("max_iter", self.max_iter)
+        initial_guess = check_choice("initial_guess", self.initial_guess, ("start", "zero"))
+        divergence = None if self.divergence_factor is None else check_float(
+            "divergence_factor", self.divergence_factor, minimum=1.0, min_inclusive=False)
+        if self.callback is not None and not callable(self.callback):
+            raise invalid("callback", self.callback, "a callable or None", TypeError)
+        block = self.intervals_per_task
+        if block != "auto":
+            block = check_int("intervals_per_task", block)
+        timeout = check_float("timeout", self.timeout, minimum=0.0, min_inclusive=False)
+        scheduler = self.scheduler
+        if scheduler == "inprocess":
+            scheduler = None
+        if scheduler is not None and not isinstance(scheduler, Client) and scheduler not in (
+                "sync", "threads", "distributed"):
+            raise invalid("scheduler", scheduler,
+                          "None, 'inprocess', 'sync', 'threads', 'distributed' or a distributed.Client", TypeError)
+        if self.store is not None and not isinstance(self.store, (str, Path)):
+            raise invalid("store", self.store, "a folder path or None", TypeError)
+        if self.store is not None and scheduler is None:
+            raise invalid("store", str(self.store), "None with the in-process scheduler (the zarr store is shared "
+                          "by dask tasks: pass scheduler='threads', 'sync' or a Client)")
+        if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id
+                                        or not self.run_id.replace("-", "").replace("_", "").isalnum()):
+            raise invalid("run_id", self.run_id, "a non-empty string of letters, digits, '-' and '_'")
+        return {
+            "propagator": prop, "layout": layout, "hierarchy": hierarchy, "cf_iter": cf_iter,
+            "weight_c": weights, "cycle_type": cycle_type, "tol": tol, "rtol": rtol, "t_norm": t_norm,
+            "max_iter": max_iter, "initial_guess": initial_guess, "divergence_factor": divergence,
+            "intervals_per_task": block, "timeout": timeout, "scheduler": scheduler,
+            "nested_iteration": bool(self.nested_iteration), "store_fine": bool(self.store_fine),
+            "blocks": block_sizes(hierarchy, block),
+        }
+
+    @staticmethod
+    def _self_test(prop, layout, hierarchy: Hierarchy, u0_vec) -> None:
+        """Call every level's propagator once on ``u0`` (XBraid's wrapper tests)."""
+        ctx = Context(prop, layout, hierarchy, u0_vec)
+        for level in range(hierarchy.n_levels):
+            try:
+                with np.errstate(all="ignore"):
+                    ctx.phi(u0_vec, level, 0)
+            except StepFailed as exc:
+                raise MGRITDiverged(exc.what + " in the propagator check", level=exc.level, step=exc.step,
+                                    iteration=0) from None
+
+    def _config(self, opt: dict) -> dict:
+        h = opt["hierarchy"]
+        prop = opt["propagator"]
+        config = {
+            "n_steps": h.n_steps, "cfactors": list(h.cfactors), "layout": opt["layout"].to_json(),
+            "cf_iter": list(opt["cf_iter"]), "weight_c": list(opt["weight_c"]), "cycle_type": opt["cycle_type"],
+            "nested_iteration": opt["nested_iteration"], "initial_guess": opt["initial_guess"],
+            "store_fine": opt["store_fine"], "blocks": list(opt["blocks"]),
+        }
+        if hasattr(prop, "get_config"):
+            config["propagator"] = prop.get_config()
+        return _store.json_safe(config)
+
+    # -- solve -------------------------------------------------------------------
+    def solve(self) -> MGRITResult:
+        """Run MGRIT iterations until the residual meets the tolerance or ``max_iter``.
+
+        Returns
+        -------
+        MGRITResult
+
+        Raises
+        ------
+        MGRITDiverged
+            A non-finite state or a growing residual (level and step named).
+        PropagatorError
+            The propagator returned another structure, shape or dtype.
+        """
+        opt = self._check()
+        if opt["scheduler"] == "distributed":
+            from daskann.cluster import resolve_client
+
+            with resolve_client(None) as client:
+                opt["scheduler"] = client
+                return self._solve(opt)
+        return self._solve(opt)
+
+    def _solve(self, opt: dict) -> MGRITResult:
+        t_setup = time.perf_counter()
+        prop, layout, hierarchy = opt["propagator"], opt["layout"], opt["hierarchy"]
+        u0_vec = layout.pack(self.u0)
+        self._self_test(prop, layout, hierarchy, u0_vec)
+        config = self._config(opt)
+        run_id = self.run_id or uuid.uuid4().hex
+        prefix = f"daskann-mgrit-{uuid.uuid4().hex[:12]}"
+        specs = _store.array_specs(hierarchy, layout.size, opt["blocks"], store_fine=opt["store_fine"])
+        scheduler = opt["scheduler"]
+        progress = {"iteration": 0, "status": "new"}
+        temporary = None
+        if scheduler is None:
+            store = _store.MemoryTrajectory(specs, layout.dtype)
+            store_path = None
+        else:
+            if self.store is None:
+                if isinstance(scheduler, Client) and not _workers_are_local(scheduler):
+                    raise invalid("store", None, "a folder on a file system the workers share (the cluster has "
+                                  "workers on other machines, which cannot see a temporary folder here)")
+                temporary = Path(tempfile.mkdtemp(prefix="daskann-mgrit-", dir=_scratch_dir()))
+                store_path = temporary / "trajectory.zarr"
+            else:
+                store_path = Path(self.store)
+            meta = _store.read_meta(store_path)
+            if meta is not None:
+                if self.run_id is None:
+                    raise invalid("store", str(store_path),
+                                  f"a new folder, or run_id={meta.get('run_id')!r} to continue the run it holds")
+                _store.check_same_run(store_path, meta, run_id, config)
+                _store.verify_store(store_path)  # a damaged store is refused, not continued
+                store = _store.ZarrTrajectory(store_path, run_id)
+                progress = store.read_progress()
+            else:
+                store = _store.create_store(store_path, run_id=run_id, config=config, specs=specs,
+                                            dtype=layout.dtype)
+        resumed = progress.get("iteration", 0) > 0
+        if not resumed:
+            store.write("init", slice(None), u0_vec)
+            store.write("last", slice(None), u0_vec)
+            if hierarchy.n_levels > 1 and not opt["nested_iteration"]:
+                guess = u0_vec if opt["initial_guess"] == "start" else np.zeros_like(u0_vec)
+                store.write("c0", (0, slice(None)), np.broadcast_to(guess, (hierarchy.n_cpoints(0), layout.size)))
+
+        cost_cache = {lvl: float(prop.cost(lvl, hierarchy.span(lvl))) for lvl in range(hierarchy.n_levels)}
+        planner = Planner(hierarchy, {
+            "cf_iter": opt["cf_iter"], "weight_c": opt["weight_c"], "cycle_type": opt["cycle_type"],
+            "store_fine": opt["store_fine"], "blocks": opt["blocks"],
+        }, cost_cache.__getitem__, prefix)
+        residuals = list(progress.get("residuals", []))
+        times = list(progress.get("iteration_times", []))
+        cps = list(progress.get("critical_path", []))
+        cps_run = list(progress.get("critical_path_run", []))
+        works = list(progress.get("work", []))
+        n_tasks = list(progress.get("n_tasks", []))
+        graphs: list = []
+        # the work model's graph: the same cycles with one task per interval (planning only, nothing runs)
+        model = Planner(hierarchy, {
+            "cf_iter": opt["cf_iter"], "weight_c": opt["weight_c"], "cycle_type": opt["cycle_type"],
+            "store_fine": opt["store_fine"], "blocks": (1,) * (hierarchy.n_levels - 1),
+        }, cost_cache.__getitem__, prefix + "-model")
+        if resumed:
+            planner.restart_from(progress["committed"])
+            model.restart_from(progress["committed"])
+        context = Context(prop, layout, hierarchy, u0_vec)
+        executor = None
+        status = progress.get("status", "new")
+        state_vec = store.read("last", slice(None))
+        setup_time = time.perf_counter() - t_setup
+        t_solve = time.perf_counter()
+        try:
+            if status == "converged":
+                pass
+            else:
+                if scheduler is None:
+                    executor = InProcessExecutor(store, context)
+                else:
+                    executor = DaskExecutor(scheduler, store, context, timeout=opt["timeout"])
+                start = progress.get("iteration", 0)
+                status = "max_iter"
+                for k in range(start + 1, opt["max_iter"] + 1):
+                    tasks = planner.iteration(k, nested=opt["nested_iteration"] and k == 1)
+                    t0 = time.perf_counter()
+                    results = executor.run(tasks)
+                    seconds = time.perf_counter() - t0
+                    failure = next((results[t.key] for t in tasks
+                                    if not results[t.key]["ok"] and not results[t.key].get("skipped")), None)
+                    if failure is not None:
+                        self._record_failure(store, progress, failure, k)
+                        raise MGRITDiverged(failure["what"], level=failure["level"], step=failure["step"],
+                                            iteration=k, residuals=residuals)
+                    finals = [t for t in tasks if t.final]
+                    norms = [r for t in finals for r in results[t.key]["residuals"]]
+                    residual = _temporal_norm(norms, opt["t_norm"]) if hierarchy.n_levels > 1 else 0.0
+                    state_vec = next(results[t.key]["last"] for t in finals if results[t.key]["last"] is not None)
+                    light = [_LightTask(t.key, t.cost, t.deps)
+                             for t in model.iteration(k, nested=opt["nested_iteration"] and k == 1)]
+                    graphs.append(light)
+                    cps_run.append(workmodel.critical_path(tasks))
+                    residuals.append(residual)
+                    times.append(seconds)
+                    cps.append(workmodel.critical_path(light))
+                    works.append(workmodel.total_work(light))
+                    n_tasks.append(len(tasks))
+                    unstable = self._unstable(residuals, opt["divergence_factor"])
+                    converged = not unstable and (
+                        residual <= opt["tol"] or (opt["rtol"] is not None and residual <= opt["rtol"] * residuals[0])
+                    )
+                    if not unstable:
+                        progress = self._commit(store, planner, k, residuals, times, cps, works, n_tasks,
+                                                "converged" if converged else "running", state_vec, cps_run)
+                    else:
+                        worst = int(np.argmax(norms)) if norms else 0
+                        step = (worst + 1) * hierarchy.cfactors[0]
+                        what = (f"the residual grew to {residual:.3e} (smallest so far "
+                                f"{min(residuals[:-1], default=residual):.3e})"
+                                if math.isfinite(residual) else "the residual became NaN or Inf")
+                        self._record_failure(store, progress, {"what": what, "level": 0, "step": step}, k)
+                        raise MGRITDiverged(what, level=0, step=step, iteration=k, residuals=residuals)
+                    if self.callback is not None:
+                        slot = planner.committed
+
+                        def cpoints(store=store, slot=slot):
+                            if hierarchy.n_levels == 1:
+                                return store.read("u0", slice(None))
+                            return store.read("c0", (slot, slice(None)))
+
+                        self.callback(IterationInfo(k, residual, seconds, converged, layout.unpack(state_vec.copy()),
+                                                    cpoints))
+                    if converged:
+                        status = "converged"
+                        break
+                else:
+                    if isinstance(store, _store.ZarrTrajectory):
+                        progress["status"] = "max_iter"
+                        store.write_progress(progress)
+            fine = None
+            if opt["store_fine"] and status in ("converged", "max_iter"):
+                fine = np.vstack([u0_vec[None, :], store.read("u0", slice(None))])
+        finally:
+            if executor is not None:
+                executor.close()
+            if isinstance(store, _store.ZarrTrajectory):
+                store.forget()
+            if temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
+        solve_time = time.perf_counter() - t_solve
+        state = tuple(np.array(a) for a in layout.unpack(np.array(state_vec)))
+        return MGRITResult(
+            converged=status == "converged", status=status, iterations=len(residuals), residuals=residuals,
+            iteration_times=times, setup_time=setup_time, solve_time=solve_time, state=state,
+            critical_path=cps, work=works, critical_path_run=cps_run, n_tasks=n_tasks, n_steps=hierarchy.n_steps,
+            levels=hierarchy.describe(), tol=opt["tol"], rtol=opt["rtol"], max_iter=opt["max_iter"],
+            executor="inprocess" if scheduler is None else (executor.name if executor else str(scheduler)),
+            store=None if store_path is None or temporary is not None else str(store_path), run_id=run_id,
+            graphs=graphs, fine_points=fine, layout=layout,
+        )
+
+    @staticmethod
+    def _unstable(residuals, factor) -> bool:
+        r = residuals[-1]
+        if not math.isfinite(r):
+            return True
+        if factor is None or len(residuals) < 2:
+            return False
+        return r > factor * min(residuals[:-1])
+
+    @staticmethod
+    def _commit(store, planner, k, residuals, times, cps, works, n_tasks, status, state_vec, cps_run) -> dict:
+        progress = {
+            "iteration": k, "status": status, "committed": planner.committed, "residuals": residuals,
+            "iteration_times": times, "critical_path": cps, "work": works, "n_tasks": n_tasks,
+            "critical_path_run": cps_run,
+        }
+        store.write("last", slice(None), state_vec)
+        if isinstance(store, _store.ZarrTrajectory):
+            store.write_progress(_store.json_safe(progress))
+        return progress
+
+    @staticmethod
+    def _record_failure(store, progress, failure, k) -> None:
+        if isinstance(store, _store.ZarrTrajectory):
+            record = dict(progress)
+            record["status"] = "diverged"
+            record["failure"] = {"iteration": k, "level": failure["level"], "step": failure["step"],
+                                 "what": failure["what"]}
+            store.write_progress(_store.json_safe(record))
+
+
+def _workers_are_local(client: Client) -> bool:
+    import socket
+    from urllib.parse import urlparse
+
+    local = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
+    try:
+        local.add(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return all((urlparse(addr).hostname or "") in local for addr in workers)
+
+
+def _scratch_dir() -> str | None:
+    """A memory-backed folder for temporary stores when there is one (workers on this machine share it)."""
+    shm = Path("/dev/shm")
+    try:
+        if shm.is_dir() and os.access(shm, os.W_OK) and shutil.disk_usage(shm).free > 1 << 30:
+            return str(shm)
+    except OSError:
+        pass
+    return None
+
+
+def _temporal_norm(norms: Sequence[float], t_norm) -> float:
+    if not norms:
+        return 0.0
+    a = np.asarray(norms, dtype=np.float64)
+    if t_norm == 1:
+        return float(a.sum())
+    if t_norm == 2:
+        return float(np.sqrt(np.sum(a * a)))
+    return float(a.max())
+
+
+def solve(propagator, u0, n_steps: int, **options) -> MGRITResult:
+    """Shorthand for ``MGRIT(propagator, u0, n_steps, **options).solve()``."""
+    return MGRIT(propagator, u0, n_steps, **options).solve()
+
+
+__all__ = ["MGRIT", "IterationInfo", "MGRITResult", "PropagatorError", "solve"]

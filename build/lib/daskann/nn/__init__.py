@@ -1,0 +1,33 @@
+"""Numeric core: networks, losses and the optimiser, numpy only."""
+
+from daskann.nn._functional import (
+    ACTIVATIONS,
+    LOSSES,
+    OUTPUTS,
+    activate,
+    activation_backward,
+    cross_entropy_loss,
+    dense_backward,
+    dense_forward,
+    mse_loss,
+    output_loss,
+    softmax,
+)
+from daskann.nn._mlp import MLP
+from daskann.nn._sgd import SGD
+
+__all__ = [
+    "ACTIVATIONS",
+    "LOSSES",
+    "MLP",
+    "OUTPUTS",
+    "SGD",
+    "activate",
+    "activation_backward",
+    "cross_entropy_loss",
+    "dense_backward",
+    "dense_forward",
+    "mse_loss",
+    "output_loss",
+    "softmax",
+]

@@ -1,0 +1,65 @@
+"""Build a batch of pinned tasks and send it to the scheduler in one message.
+
+Every task is restricted to one worker (``allow_other_workers=False``): soft
+restrictions would let work stealing move block products off their cells.
+A whole training step goes to the scheduler as one graph, which costs far
+less than one ``client.submit`` per block product.
+"""
+
+from __future__ import annotations
+
+from dask._task_spec import Task, TaskRef, parse_input
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+
+class GraphBuilder:
+    """Collects tasks ``key -> func(*args)`` each pinned to one worker.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    name : str
+        Name of the graph layer (a per-run, per-step prefix).
+    """
+
+    def __init__(self, client, name: str):
+        self.client = client
+        self.name = name
+        self.tasks: dict = {}
+        self.owners: dict = {}
+
+    @staticmethod
+    def ref(key) -> TaskRef:
+        """A reference to the value of ``key`` (in this graph or on the cluster)."""
+        return TaskRef(key)
+
+    def add(self, key: str, func, *args, owner: str, **kwargs) -> str:
+        """Add ``key = func(*args, **kwargs)`` to run on worker ``owner``."""
+        if key in self.tasks:
+            raise KeyError(f"task key {key!r} added twice")
+        self.tasks[key] = Task(key, func, *(parse_input(a) for a in args),
+                               **{k: parse_input(v) for k, v in kwargs.items()})
+        self.owners[key] = owner
+        return key
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def submit(self, keys, *, keep=None) -> dict:
+        """Send the graph; futures of ``keys`` (a list) by key.
+
+        ``keep`` (futures the graph reads) is held until the graph is sent.
+        """
+        if not self.tasks:
+            return {}
+        owners = self.owners
+        layer = MaterializedLayer(
+            dict(self.tasks),
+            annotations={"workers": lambda k: [owners[k]], "allow_other_workers": False},
+        )
+        graph = HighLevelGraph({self.name: layer}, {self.name: set()})
+        keys = list(keys)
+        futures = self.client.get(graph, keys, sync=False)
+        del keep
+        self.tasks, self.owners = {}, {}
+        return dict(zip(keys, futures))

@@ -1,0 +1,219 @@
+"""Block kernels of network-parallel training: they run on the workers.
+
+Pure numpy on blocks, no dask. The arithmetic of every kernel repeats that of
+:mod:`daskann.nn` element by element (same operations in the same order), so
+that training on a grid differs from :class:`daskann.SerialTrainer` only in
+the order in which the partial sums of each matrix product are added.
+
+Kernels never modify their inputs: a block may be read by several tasks, and a
+task may run again after a worker is lost.
+
+An *operand spec* is a tuple ``(value, field, window, transform)``: ``value``
+is a stored block (an array, or a dict holding one under ``field``);
+``window = (r0, r1, c0, c1)`` selects part of it; ``transform`` is ``None`` or
+``(activation, negative_slope)`` to apply a hidden-layer activation on the
+fly (activations ``A = act(Z)`` are never stored, only ``Z``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from daskann.nn._functional import activate, activation_backward, softmax
+
+
+def operand(spec):
+    """The array an operand spec points at."""
+    value, field, window, transform = spec
+    if field is not None:
+        value = value[field]
+    if window is not None:
+        r0, r1, c0, c1 = window
+        value = value[r0:r1, c0:c1]
+    if transform is not None:
+        value = activate(value, transform[0], transform[1])
+    return value
+
+
+def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=()):
+    """``acc + sum(op(a) @ op(b))`` over ``terms``, then ``+ partner``, then the epilogue.
+
+    Parameters
+    ----------
+    acc : ndarray or None
+        Running sum of this output block (not modified).
+    terms : list of (a_spec, trans_a, b_spec, trans_b, out_window)
+        Block products to add; ``out_window`` is ``None`` for the whole block.
+    shape, dtype
+        Of the output block.
+    partner : ndarray or None
+        The other accumulation chain of the same block, added last.
+    epilogue : tuple or None
+        ``("bias",)``: add the bias block ``extras[0]``;
+        ``("bias_mse", scale, rows, with_grad)``: add the bias, then return
+        the MSE loss partial sum and gradient ``{"loss", "g"}`` against rows
+        ``rows`` of the target band ``extras[1]`` (a copy of the output
+        columns' targets lives on every worker of the grid column); ``scale``
+        is ``2 / (batch * n_outputs)`` of the whole batch, as in
+        :func:`daskann.nn._functional.mse_loss`;
+        ``("act_backward", activation, slope)``: gradient through the
+        activation at pre-activations ``extras[0]``;
+        ``("velocity", momentum)``: SGD velocity ``momentum * extras[0] + g``;
+        ``("sgd", lr, momentum)``: the whole SGD update of a weight block,
+        ``{"w": w - lr * v, "v": v}`` with ``v`` as above, from the velocity
+        ``extras[0]`` and the weights ``extras[1]``.
+    extras : tuple of operand specs
+    """
+    out, fresh = acc, False
+    for a_spec, trans_a, b_spec, trans_b, window in terms:
+        a = operand(a_spec)
+        b = operand(b_spec)
+        prod = (a.T if trans_a else a) @ (b.T if trans_b else b)
+        if window is None:
+            if out is None:
+                out, fresh = prod, True
+            else:
+                prod += out  # addition commutes exactly, so this is out + prod
+                out, fresh = prod, True
+        else:
+            if out is None:
+                out, fresh = np.zeros(shape, dtype=dtype), True
+            elif not fresh:
+                out, fresh = out.copy(), True
+            r0, r1, c0, c1 = window
+            out[r0:r1, c0:c1] += prod
+    if out is None:
+        out, fresh = np.zeros(shape, dtype=dtype), True
+    if partner is not None:
+        out, fresh = out + partner, True
+    if epilogue is None:
+        return out if fresh else out.copy()
+    kind = epilogue[0]
+    if kind in ("bias", "bias_mse"):
+        bias = operand(extras[0])
+        if fresh:
+            out += bias
+        else:
+            out = out + bias
+        if kind == "bias":
+            return out
+        # the output layer with MSE on a linear output: the loss gradient right here
+        _, scale, rows, with_grad = epilogue
+        return _mse(out, extras[1][rows], scale, with_grad)
+    if kind == "act_backward":
+        return activation_backward(out, operand(extras[0]), epilogue[1], epilogue[2])
+    if kind == "velocity":
+        return _velocity(out, fresh, extras[0], epilogue[1])
+    if kind == "sgd":
+        velocity = _velocity(out, fresh, extras[0], epilogue[2])
+        return {"w": weight_update(operand(extras[1]), velocity, epilogue[1]), "v": velocity}
+    raise ValueError(f"unknown epilogue {epilogue!r}")
+
+
+def _velocity(grad, fresh, v_spec, momentum):
+    """``momentum * v + grad`` as :meth:`daskann.nn.SGD.update` computes it (``grad`` when no momentum)."""
+    if not momentum:
+        return grad if fresh else grad.copy()
+    velocity = operand(v_spec) * grad.dtype.type(momentum)
+    velocity += grad
+    return velocity
+
+
+def weight_update(weight, velocity, lr):
+    """``w - lr * v`` as :meth:`daskann.nn.SGD.update` computes it."""
+    return weight - weight.dtype.type(lr) * velocity
+
+
+def bias_update(state, grad_specs, lr, momentum, collect_loss):
+    """New ``{"b", "v"}`` of a bias block from the column of ``dZ`` blocks below it.
+
+    ``db`` is the sum over the batch (rows of the grid) of ``dZ``. With
+    ``collect_loss`` the loss partial sums carried by the ``dZ`` blocks are
+    added up and returned under ``"loss"``, so that the client can read the
+    step's loss from these small dicts alone.
+    """
+    grad = None
+    loss = 0.0
+    for spec in grad_specs:
+        part = operand(spec).sum(axis=0)
+        grad = part if grad is None else grad + part
+        if collect_loss:
+            loss += spec[0]["loss"]
+    b, v = state["b"], state["v"]
+    dtype = b.dtype.type
+    if momentum:
+        v = v * dtype(momentum)
+        v += grad
+    else:
+        v = grad
+    b = b - dtype(lr) * v
+    result = {"b": b, "v": v}
+    if collect_loss:
+        result["loss"] = float(loss)
+    return result
+
+
+def take_rows(band, rows):
+    """Rows ``rows`` of a stored column band of the training data."""
+    return band[rows]
+
+
+def _mse(output, target, scale, with_grad):
+    """Loss partial sum and gradient of one output block (MSE on a linear output)."""
+    diff = output - target
+    loss = float(np.sum(diff * diff))
+    if not with_grad:
+        return {"loss": loss}
+    return {"g": diff * diff.dtype.type(scale), "loss": loss}
+
+
+def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):
+    """Loss partial sum and ``d loss / d Z`` of a whole row panel of the output.
+
+    The softmax needs whole rows of the output layer, so the blocks of one
+    grid row are put side by side first. ``n_batch`` and ``size`` are the
+    batch size and ``batch * n_outputs`` of the whole batch. Without
+    ``with_grad`` (validation) the count of correct labels comes instead.
+    """
+    logits = np.concatenate([operand(s) for s in z_specs], axis=1) if len(z_specs) > 1 else operand(z_specs[0])
+    dtype = logits.dtype.type
+    if loss == "cross_entropy":
+        labels = target
+        n = logits.shape[0]
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_norm = np.log(np.exp(shifted).sum(axis=1))
+        rows = np.arange(n)
+        value = float(np.sum(log_norm - shifted[rows, labels]))
+        if not with_grad:
+            return {"loss": value, "correct": int(np.sum(np.argmax(logits, axis=1) == labels))}
+        grad = np.exp(shifted - log_norm[:, None])
+        grad[rows, labels] -= 1
+        grad *= dtype(1.0 / n_batch)
+        return {"g": grad, "loss": value}
+    # MSE on the softmax output: ``target`` is (all targets on this worker, rows of the panel)
+    y = target[0][target[1]]
+    probs = softmax(logits)
+    diff = probs - y
+    value = float(np.sum(diff * diff))
+    if not with_grad:
+        return {"loss": value}
+    d_probs = diff * dtype(2.0 / size)
+    grad = probs * (d_probs - (d_probs * probs).sum(axis=1, keepdims=True))
+    return {"g": grad, "loss": value}
+
+
+def all_finite(*values):
+    """True when every array (or operand spec, or array in a dict) is finite."""
+    for value in values:
+        if isinstance(value, tuple):
+            value = operand(value)
+        arrays = value.values() if isinstance(value, dict) else [value]
+        for a in arrays:
+            if isinstance(a, np.ndarray) and not np.isfinite(a).all():
+                return False
+    return True
+
+
+def view(spec):
+    """Materialise an operand spec (for gathering or converting to dask)."""
+    return np.array(operand(spec), copy=True)

@@ -1,0 +1,448 @@
+"""The training loop each worker runs for its grid cells in a resident run.
+
+One long-lived task per worker executes this program for every virtual cell
+the worker hosts (one cell per worker unless cells share workers). All
+products of a step run by Cannon's algorithm on the virtual ``q x q`` grid:
+
+* forward ``Z = A @ W``: ``A`` (activations) and ``W`` both in place;
+* ``dW = A.T @ dZ`` and ``dA = dZ @ W.T``: the transposed operand is skewed
+  straight from where its untransposed blocks live, in one message;
+* every product is a skew followed by ``q`` local GEMMs, each block passed on
+  (left for the left operand, up for the right one) *before* the local GEMM,
+  so the transfer overlaps the multiply.
+
+Operands known early (weights at the start of the step, activations as soon as
+the forward pass makes them) are skewed at once, off the critical path. The
+bias gradient and the softmax row statistics are small all-gathers among the
+workers of a grid column or row. Each worker announces its part of a step's
+loss and whether all its numbers stayed finite to every worker along with the
+next step's first blocks; the step is confirmed (or rolled back, on
+divergence) by all workers alike before the next update, so no step waits on
+a barrier of its own.
+
+Arrays are never modified in place once made (updates build new arrays): a
+block that was sent, or handed out as a result, stays valid.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from daskann.nn import SGD
+from daskann.nn._functional import activate, activation_backward
+from daskann.npt._exchange import Channel
+from daskann.npt._resident_alloc import heap_for_blocks
+from daskann.npt._resident_layout import Layout
+
+
+def run_worker(spec: dict, payload: dict) -> dict:
+    """Task body: train this worker's cells for ``spec['start']..spec['stop']``."""
+    from distributed import secede
+
+    # leave the thread pool: cells of other runs (or a busy worker) must not wait on us
+    secede()
+    channel = Channel(spec["namespace"], timeout=spec["timeout"])
+    try:
+        with heap_for_blocks():
+            result = CellProgram(spec, payload, channel).run()
+            channel.check_sends(wait=True)
+        return result
+    except BaseException as exc:
+        channel.abort_peers(
+            spec["layout"].workers,
+            f"resident run {spec['namespace']} stopped: worker {channel.address} failed with {exc!r}",
+        )
+        channel.close()
+        raise
+
+
+class CellProgram:
+    """State and steps of all the virtual cells hosted by one worker."""
+
+    def __init__(self, spec: dict, payload: dict, channel: Channel):
+        self.layout: Layout = spec["layout"]
+        self.q = self.layout.q
+        self.channel = channel
+        self.me = channel.address
+        self.cells = self.layout.cells_of(self.me)
+        self.rows = sorted({i for i, _ in self.cells})
+        self.columns = sorted({j for _, j in self.cells})
+        self.n_layers = self.layout.n_layers
+        s = spec["settings"]
+        self.loss_name, self.output = s["loss"], s["output"]
+        self.activation, self.slope = s["activation"], float(s["negative_slope"])
+        self.dtype = np.dtype(s["dtype"])
+        self.optimizer = SGD(s["lr"], s["momentum"])
+        self.order = spec["order"]
+        self.start, self.stop = int(spec["start"]), int(spec["stop"])
+        self.eval_steps = set(spec.get("eval_steps", ()))
+        self.X = payload["X"]
+        self.y = payload["y"]
+        self.W, self.vW = dict(payload["W"]), dict(payload["vW"])
+        self.b, self.vb = dict(payload["b"]), dict(payload["vb"])
+        workers = self.layout.cell_workers
+        q = self.q
+        self.row_workers = {i: sorted({workers[(i, j)] for j in range(q)}) for i in range(q)}
+        self.col_workers = {j: sorted({workers[(i, j)] for i in range(q)}) for j in range(q)}
+        self.worker_index = self.layout.workers.index(self.me)
+        self.compute = 0.0
+        n_out = self.layout.sizes[-1]
+        self.loss_scale = self.layout.batch_size * (n_out if self.loss_name == "mse" else 1)
+
+    # -- messaging -------------------------------------------------------------
+    def send(self, cell, tag: str, array) -> None:
+        self.channel.send(self.layout.cell_workers[cell], tag, array)
+
+    def recv(self, tag: str, source) -> np.ndarray:
+        layout = self.layout
+        if isinstance(source, str):
+            return self.channel.recv(tag, lambda: f"block {tag!r} from worker {source}", source)
+        source = tuple(source)
+        return self.channel.recv(
+            tag, lambda: f"block {tag!r} from {layout.describe(source)}", layout.cell_workers[source]
+        )
+
+    def share_row(self, step: int, name: str, values: dict) -> dict:
+        """All-gather along grid rows: ``values[(i, j)]`` goes to every worker of row ``i``.
+
+        Returns ``{i: [part_0, ..., part_{q-1}]}`` for the rows this worker
+        hosts, parts in column order so every worker combines them alike.
+        """
+        for (i, j), value in values.items():
+            for address in self.row_workers[i]:
+                self.channel.send(address, f"{step}|{name}|{i}|{j}", value)
+        return {i: [self.recv(f"{step}|{name}|{i}|{k}", (i, k)) for k in range(self.q)] for i in self.rows}
+
+    # -- Cannon ----------------------------------------------------------------
+    def skew(self, step: int, pid: str, side: str, blocks: dict, *, transposed: bool) -> None:
+        """Send each held block of an operand to the cell that multiplies it first."""
+        q = self.q
+        for (i, j), array in blocks.items():
+            r, c, block = (j, i, array.T) if transposed else (i, j, array)
+            dst = (r, (c - r) % q) if side == "L" else ((r - c) % q, c)
+            self.send(dst, f"{step}|{pid}|{side}|0|{dst[0]},{dst[1]}", block)
+
+    def cannon(self, step: int, products) -> dict:
+        """Run skewed products ``(pid, left_transposed, right_transposed)`` in lockstep.
+
+        Returns ``{pid: {cell: block of the product}}``.
+        """
+        q = self.q
+        held = {}
+        for pid, lt, rt in products:
+            for cell in self.cells:
+                i, j = cell
+                k = (i + j) % q
+                left = self.recv(f"{step}|{pid}|L|0|{i},{j}", (k, i) if lt else (i, k))
+                right = self.recv(f"{step}|{pid}|R|0|{i},{j}", (j, k) if rt else (k, j))
+                held[pid, cell] = (left, right)
+        out = {}
+        for s in range(q):
+            more = s < q - 1
+            if more:  # pass the blocks on first, so the transfer overlaps the GEMMs
+                for (pid, (i, j)), (left, right) in held.items():
+                    to_left, to_up = (i, (j - 1) % q), ((i - 1) % q, j)
+                    self.send(to_left, f"{step}|{pid}|L|{s + 1}|{to_left[0]},{to_left[1]}", left)
+                    self.send(to_up, f"{step}|{pid}|R|{s + 1}|{to_up[0]},{to_up[1]}", right)
+                self.channel.flush()
+            t0 = time.perf_counter()
+            for key, (left, right) in held.items():
+                if s == 0:
+                    out[key] = left @ right
+                else:
+                    out[key] += left @ right
+            self.compute += time.perf_counter() - t0
+            if more:
+                for pid, (i, j) in list(held):
+                    held[pid, (i, j)] = (
+                        self.recv(f"{step}|{pid}|L|{s + 1}|{i},{j}", (i, (j + 1) % q)),
+                        self.recv(f"{step}|{pid}|R|{s + 1}|{i},{j}", ((i + 1) % q, j)),
+                    )
+        result: dict = {pid: {} for pid, _, _ in products}
+        for (pid, cell), block in out.items():
+            result[pid][cell] = block
+        return result
+
+    # -- one training step -------------------------------------------------------
+    def inputs(self, step: int):
+        """This step's input blocks and the batch rows of each grid row."""
+        idx = self.order.indices(step)
+        batch_rows = {i: idx[slice(*self.layout.batch[i])] for i in self.rows}
+        t0 = time.perf_counter()
+        A0 = {(i, j): self.X[j][batch_rows[i]] for i, j in self.cells}
+        self.compute += time.perf_counter() - t0
+        return A0, batch_rows
+
+    def forward(self, step: int, A0: dict):
+        n = self.n_layers
+        pre = []
+        self.skew(step, "f0", "L", A0, transposed=False)
+        self.skew(step, "gw0", "L", A0, transposed=True)
+        for layer in range(n):
+            Z = self.cannon(step, [(f"f{layer}", False, False)])[f"f{layer}"]
+            t0 = time.perf_counter()
+            for (_, j), block in Z.items():
+                block += self.b[layer, j]
+            pre.append(Z)
+            if layer < n - 1:
+                A = {cell: activate(block, self.activation, self.slope) for cell, block in Z.items()}
+                self.compute += time.perf_counter() - t0
+                nxt = layer + 1
+                self.skew(step, f"f{nxt}", "L", A, transposed=False)
+                self.skew(step, f"gw{nxt}", "L", A, transposed=True)
+            else:
+                self.compute += time.perf_counter() - t0
+        return pre
+
+    def targets(self, cell, batch_rows):
+        i, j = cell
+        if self.loss_name == "cross_entropy":
+            return self.y[batch_rows[i]]
+        return self.y[j][batch_rows[i]]
+
+    def output_loss(self, step: int, logits: dict, batch_rows: dict):
+        """Partial loss of this worker's cells and ``d loss / d logits`` per cell.
+
+        Row-wise softmax pieces are combined across a grid row from each
+        block's row maximum ``m`` and ``sum(exp(z - m))``.
+        """
+        dtype = self.dtype.type
+        t0 = time.perf_counter()
+        partial = 0.0
+        grads = {}
+        if self.loss_name == "mse" and self.output == "linear":
+            scale = dtype(2.0 / self.loss_scale)
+            for cell, z in logits.items():
+                diff = z - self.targets(cell, batch_rows)
+                partial += float(np.sum(diff * diff))
+                grads[cell] = diff * scale
+            self.compute += time.perf_counter() - t0
+            return partial, grads
+        stats = {}
+        for (i, j), z in logits.items():
+            m = z.max(axis=1, initial=-np.inf)
+            stats[i, j] = np.stack([m, np.exp(z - m[:, None]).sum(axis=1)])
+        self.compute += time.perf_counter() - t0
+        parts = self.share_row(step, "sm", stats)
+        t0 = time.perf_counter()
+        row_max, row_sum = {}, {}
+        for i, pieces in parts.items():
+            M = pieces[0][0].copy()
+            for p in pieces[1:]:
+                np.maximum(M, p[0], out=M)
+            S = np.zeros_like(M)
+            for p in pieces:
+                S += p[1] * np.exp(p[0] - M)
+            row_max[i], row_sum[i] = M, S
+        if self.loss_name == "cross_entropy":
+            n_rows = self.layout.batch_size
+            for (i, j), z in logits.items():
+                log_norm = np.log(row_sum[i])
+                shifted = z - row_max[i][:, None]
+                labels = self.targets((i, j), batch_rows)
+                c0, c1 = self.layout.features[-1][j]
+                inside = (labels >= c0) & (labels < c1)
+                hit_rows, hit_cols = np.nonzero(inside)[0], labels[inside] - c0
+                if j == 0:  # each row's log-normaliser counted once
+                    partial += float(np.sum(log_norm))
+                partial -= float(np.sum(shifted[hit_rows, hit_cols]))
+                d = np.exp(shifted - log_norm[:, None])
+                d[hit_rows, hit_cols] -= 1
+                d *= d.dtype.type(1.0 / n_rows)
+                grads[i, j] = d
+            self.compute += time.perf_counter() - t0
+            return partial, grads
+        # mse on softmax outputs: d_logits needs the row sum of d_probs * probs
+        scale = dtype(2.0 / self.loss_scale)
+        probs, d_probs, dots = {}, {}, {}
+        for (i, j), z in logits.items():
+            p = np.exp(z - row_max[i][:, None]) / row_sum[i][:, None]
+            diff = p - self.targets((i, j), batch_rows)
+            partial += float(np.sum(diff * diff))
+            probs[i, j], d_probs[i, j] = p, diff * scale
+            dots[i, j] = (d_probs[i, j] * p).sum(axis=1)
+        self.compute += time.perf_counter() - t0
+        parts = self.share_row(step, "smd", dots)
+        t0 = time.perf_counter()
+        totals = {}
+        for i, pieces in parts.items():
+            total = pieces[0].copy()
+            for p in pieces[1:]:
+                total += p
+            totals[i] = total
+        for (i, j), p in probs.items():
+            grads[i, j] = p * (d_probs[i, j] - totals[i][:, None])
+        self.compute += time.perf_counter() - t0
+        return partial, grads
+
+    def backward(self, step: int, pre, d_logits: dict):
+        n = self.n_layers
+        gW, gb = [None] * n, [None] * n
+        dZ = d_logits
+        for layer in range(n - 1, -1, -1):
+            products = []
+            if layer > 0:
+                self.skew(step, f"ga{layer}", "L", dZ, transposed=False)
+                products.append((f"ga{layer}", False, True))
+            self.skew(step, f"gw{layer}", "R", dZ, transposed=False)
+            products.append((f"gw{layer}", True, False))
+            t0 = time.perf_counter()
+            partial_db = {(j, i): block.sum(axis=0) for (i, j), block in dZ.items()}
+            self.compute += time.perf_counter() - t0
+            # the bias all-gather travels while the Cannon products run
+            for (j, i), value in partial_db.items():
+                for address in self.col_workers[j]:
+                    self.channel.send(address, f"{step}|db{layer}|{j}|{i}", value)
+            result = self.cannon(step, products)
+            gW[layer] = result[f"gw{layer}"]
+            parts = {j: [self.recv(f"{step}|db{layer}|{j}|{k}", (k, j)) for k in range(self.q)] for j in self.columns}
+            t0 = time.perf_counter()
+            gb[layer] = {}
+            for j, pieces in parts.items():
+                total = pieces[0].copy()
+                for p in pieces[1:]:
+                    total += p
+                gb[layer][j] = total
+            if layer > 0:
+                dA = result[f"ga{layer}"]
+                dZ = {
+                    cell: activation_backward(block, pre[layer - 1][cell], self.activation, self.slope)
+                    for cell, block in dA.items()
+                }
+            self.compute += time.perf_counter() - t0
+        return gW, gb
+
+    def propose_update(self, gW, gb):
+        """New weights and velocities (not yet committed) and whether all is finite."""
+        t0 = time.perf_counter()
+        finite = all(np.isfinite(g).all() for layer in gW for g in layer.values())
+        finite = finite and all(np.isfinite(g).all() for layer in gb for g in layer.values())
+        new = None
+        if finite:
+            W, vW, b, vb = {}, {}, {}, {}
+            for (layer, cell), w in self.W.items():
+                W[layer, cell], vW[layer, cell] = self._updated(w, gW[layer][cell], self.vW[layer, cell])
+            for (layer, j), bias in self.b.items():
+                b[layer, j], vb[layer, j] = self._updated(bias, gb[layer][j], self.vb[layer, j])
+            finite = all(np.isfinite(a).all() for a in W.values()) and all(np.isfinite(a).all() for a in b.values())
+            new = (W, vW, b, vb)
+        self.compute += time.perf_counter() - t0
+        return finite, new
+
+    def _updated(self, param, grad, velocity):
+        # the optimiser's own in-place update on copies: same arithmetic as serial
+        param, velocity = param.copy(), velocity.copy()
+        self.optimizer.update(param, grad, velocity)
+        return param, velocity
+
+    def announce(self, step: int, partial: float, finite: bool) -> None:
+        """Send this worker's (loss part, finite flag) of ``step`` to every worker."""
+        message = np.array([partial, 1.0 if finite else 0.0])
+        for address in self.layout.workers:
+            self.channel.send(address, f"{step}|sync|{self.worker_index}", message)
+
+    def agree(self, step: int):
+        """Gather every worker's announcement of ``step``: the loss and go/stop.
+
+        All workers read the same numbers in the same order, so all decide alike.
+        """
+        total, ok = 0.0, True
+        for k, address in enumerate(self.layout.workers):
+            got = self.recv(f"{step}|sync|{k}", address)
+            total += float(got[0])
+            ok = ok and bool(got[1])
+        loss = total / self.loss_scale
+        return loss, ok and math.isfinite(loss)
+
+    def state(self) -> tuple:
+        return self.W, self.vW, self.b, self.vb
+
+    def run(self) -> dict:
+        """Train; a step's update is committed at once and confirmed one step later.
+
+        The agreement on step ``t`` (loss, finite everywhere) rides on the
+        first messages of step ``t + 1`` instead of a barrier of its own; if it
+        says stop, every worker returns to the state before step ``t``.
+        """
+        losses, stats, snapshots = [], [], {}
+        diverged = None
+        pending = None  # (step, state before it, stats) of the unconfirmed step
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            for step in range(self.start, self.stop):
+                t_step = time.perf_counter()
+                self.compute = 0.0
+                sent_before = self.channel.bytes_sent, self.channel.messages_sent
+                if pending is not None:
+                    self.announce(pending[0], *pending[3])
+                self.start_step(step)
+                A0, batch_rows = self.inputs(step)
+                pre = self.forward(step, A0)
+                partial, d_logits = self.output_loss(step, pre[-1], batch_rows)
+                gW, gb = self.backward(step, pre, d_logits)
+                finite, new = self.propose_update(gW, gb)
+                if pending is not None:
+                    stop = self.confirm(pending, losses, stats, snapshots)
+                    if stop is not None:
+                        diverged = stop
+                        break
+                self.channel.check_sends()
+                before = self.state()
+                if new is not None:
+                    self.W, self.vW, self.b, self.vb = new
+                wall = time.perf_counter() - t_step
+                step_stats = (
+                    self.compute,
+                    wall,
+                    self.channel.bytes_sent - sent_before[0],
+                    self.channel.messages_sent - sent_before[1],
+                )
+                pending = (step, before, step_stats, (partial, finite))
+            if diverged is None and pending is not None:
+                self.announce(pending[0], *pending[3])
+                diverged = self.confirm(pending, losses, stats, snapshots)
+        return {
+            "worker": self.me,
+            "losses": losses,
+            "stats": stats,
+            "diverged": diverged,
+            "state": self.owned_state(velocity=True),
+            "snapshots": snapshots,
+        }
+
+    def start_step(self, step: int) -> None:
+        # weights are known now: skew them for the forward products and for dA = dZ @ W.T
+        for layer in range(self.n_layers):
+            blocks = {cell: self.W[layer, cell] for cell in self.cells}
+            self.skew(step, f"f{layer}", "R", blocks, transposed=False)
+            if layer > 0:
+                self.skew(step, f"ga{layer}", "R", blocks, transposed=True)
+
+    def confirm(self, pending, losses, stats, snapshots) -> int | None:
+        """Settle the unconfirmed step: record it, or roll back and return its 1-based number."""
+        step, before, step_stats, _ = pending
+        loss, go = self.agree(step)
+        if not go:
+            self.W, self.vW, self.b, self.vb = before
+            return step + 1
+        losses.append(loss)
+        stats.append(step_stats)
+        if step + 1 in self.eval_steps:
+            snapshots[step + 1] = self.owned_state(velocity=False)
+        return None
+
+    def owned_state(self, *, velocity: bool) -> dict:
+        """Weight blocks of the hosted cells, and the biases of the columns whose
+        row-0 cell is hosted here (every bias block comes back exactly once)."""
+        top = [j for j in self.columns if (0, j) in self.cells]
+        # blocks are never modified in place (updates make new arrays): no copies needed
+        state = {
+            "W": dict(self.W),
+            "b": {(layer, j): self.b[layer, j] for layer in range(self.n_layers) for j in top},
+        }
+        if velocity:
+            state["vW"] = dict(self.vW)
+            state["vb"] = {(layer, j): self.vb[layer, j] for layer in range(self.n_layers) for j in top}
+        return state

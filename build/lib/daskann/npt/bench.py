@@ -1,0 +1,493 @@
+"""``daskann bench npt``: time per step, speedup and efficiency against the process count.
+
+For each net the benchmark trains a few steps with :class:`SerialTrainer`
+(one BLAS thread: ``T1``), with :class:`NPTTrainer` in graph and in resident
+mode on grids of growing size, and with the dask.array peer
+(:class:`daskann.npt.peer.DaskArrayPeer`, dask's own ``@`` on the same chunks),
+all on the same cluster in one run. Time per step is the median of the
+step-to-step intervals after a warm-up. Speedup is ``T1 / Tp`` and efficiency
+``E = T1 / (p * Tp)`` with ``p`` the number of worker processes the grid uses.
+
+It also asks the cost model which grid ``grid="auto"`` would take for each
+net and compares that grid's measured time with the best measured one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from daskann.data import make_linear
+
+#: the paper's three nets (widths are not in the available text: these are ours)
+PAPER_NETS = {
+    "one-hidden": {"n_features": 64, "hidden": (128,), "n_outputs": 8},
+    "two-hidden": {"n_features": 64, "hidden": (128, 128), "n_outputs": 8},
+    "two-hidden-256": {"n_features": 64, "hidden": (256, 256), "n_outputs": 8},
+}
+
+
+@dataclass
+class BenchConfig:
+    """What to run; the defaults finish in a few minutes on a 2-core machine.
+
+    Attributes
+    ----------
+    nets : list of str
+        Which of :data:`PAPER_NETS` to sweep.
+    grids : list of str
+        Grids of the paper-scale sweep (``"1x1"`` is a single worker);
+        grids with more cells than workers share workers.
+    batch_size, n_samples : int
+        Paper-scale minibatch and data set size.
+    graph_steps, resident_steps, peer_steps, serial_steps : int
+        Steps timed per run (after ``warmup`` more).
+    large_width, large_batch, large_steps, large_warmup : int
+        The large net: ``large_width`` inputs, one hidden layer and outputs of
+        that width, on a 2x2 grid (0 skips it); ``large_steps`` timed steps
+        after ``large_warmup`` more.
+    widths : list of int
+        Widths of two-hidden-layer nets for the resident-versus-serial sweep
+        on 2x2 (empty skips it).
+    modes : list of str
+        Which of ``graph``, ``resident``, ``dask`` (the peer) and ``auto``
+        (``grid="auto", mode="auto"``) to run.
+    """
+
+    nets: list = field(default_factory=lambda: list(PAPER_NETS))
+    grids: list = field(default_factory=lambda: ["1x1", "1x2", "2x2", "2x4"])
+    batch_size: int = 128
+    n_samples: int = 4096
+    graph_steps: int = 4
+    resident_steps: int = 15
+    peer_steps: int = 4
+    serial_steps: int = 30
+    warmup: int = 2
+    large_width: int = 4096
+    large_batch: int = 4096
+    large_steps: int = 2
+    large_warmup: int = 1
+    widths: list = field(default_factory=lambda: [256, 512, 1024, 2048])
+    width_batch: int = 256
+    modes: list = field(default_factory=lambda: ["graph", "resident", "dask", "auto"])
+    seed: int = 0
+    dtype: str = "float64"
+
+
+def machine_info(client=None) -> dict:
+    """Machine, library versions and BLAS kernel (threadpoolctl) of the client and one worker."""
+    import dask
+    import distributed
+    from threadpoolctl import threadpool_info
+
+    def blas():
+        return [{k: v for k, v in info.items() if k in ("internal_api", "version", "architecture",
+                                                         "threading_layer", "num_threads", "filepath")}
+                for info in threadpool_info() if info.get("user_api") == "blas"]
+
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "dask": dask.__version__,
+        "distributed": distributed.__version__,
+        "blas_client": blas(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        info["cpu_model"] = names[0] if names else None
+    except OSError:
+        info["cpu_model"] = None
+    if client is not None:
+        from daskann.npt.grid import live_workers
+
+        workers = live_workers(client)
+        info["workers"] = len(workers)
+        from daskann.npt.grid import worker_threads
+
+        info["threads_per_worker"] = sorted(set(worker_threads(client).values()))
+        if workers:
+            info["blas_worker"] = client.run(blas, workers=workers[:1])[workers[0]]
+    return info
+
+
+def _median_interval(times, warmup: int) -> float:
+    times = np.asarray(times, dtype=float)
+    intervals = np.diff(np.concatenate([[0.0], times]))[warmup:]
+    return float(np.median(intervals)) if intervals.size else float("nan")
+
+
+def _cells(grid: str) -> int:
+    r, c = (int(x) for x in grid.split("x"))
+    return r * c
+
+
+def _settings(trainer) -> dict:
+    return trainer._check_settings()
+
+
+def run_bench(client, config: BenchConfig | None = None, *, log=print) -> dict:
+    """Run the sweep on ``client``'s cluster; returns ``{"table", "checks", "machine", "config", "plans"}``."""
+    from threadpoolctl import threadpool_limits
+
+    from daskann.npt.grid import live_workers
+    from daskann.npt import costmodel
+    from daskann.npt.trainer import NPTTrainer, resident_available
+    from daskann.serial import SerialTrainer
+
+    config = config or BenchConfig()
+    n_workers = len(live_workers(client))
+    modes = [m for m in config.modes if m != "resident" or resident_available()]
+    table, plans = [], {}
+    cost = costmodel.measure(client)
+    log(f"cost model: {json.dumps(cost.to_dict())}")
+
+    def record(net, sizes, batch, grid, mode, seconds, extra=None):
+        cells = _cells(grid) if grid != "-" else 1
+        row = {"net": net, "sizes": "-".join(map(str, sizes)), "batch": batch, "grid": grid, "cells": cells,
+               "p": min(cells, n_workers) if mode != "serial" else 1, "mode": mode, "time_per_step": seconds}
+        row.update(extra or {})
+        table.append(row)
+        log(f"  {net:>15} {grid:>5} {mode:>8}: {seconds * 1e3:10.2f} ms/step")
+        return row
+
+    def serial(net, X, y, sizes, batch, steps, warmup=config.warmup):
+        kw = _kwargs(sizes, batch, config)
+        with threadpool_limits(1):
+            t = SerialTrainer(**kw).fit(X, y, steps=steps + warmup)
+        return record(net, sizes, batch, "-", "serial", _median_interval(t.history_["time"].values, warmup))
+
+    def npt(net, X, y, sizes, batch, grid, mode, steps, warmup=config.warmup):
+        kw = _kwargs(sizes, batch, config)
+        t = NPTTrainer(**kw, grid=grid, mode=mode, share_workers=True, client=client, timeout=600.0)
+        t.fit(X, y, steps=steps + warmup)
+        h = t.history_
+        extra = {
+            "compute_time": float(np.nanmedian(h["compute_time"].values[warmup:])),
+            "comm_time": float(np.nanmedian(h["comm_time"].values[warmup:])),
+            "bytes_moved": float(np.nanmedian(h["bytes_moved"].values[warmup:])),
+        }
+        if grid == "auto":
+            grid, mode = f"{t.grid_.rows}x{t.grid_.cols}", f"auto-{t.mode_}"
+        return record(net, sizes, batch, grid, mode, _median_interval(h["time"].values, warmup), extra)
+
+    def peer(net, X, y, sizes, batch, grid, steps, warmup=config.warmup):
+        from daskann.data import BatchOrder
+        from daskann.nn import MLP
+        from daskann.npt.peer import DaskArrayPeer
+
+        kw = _kwargs(sizes, batch, config)
+        settings = SerialTrainer(**kw)._check_settings()
+        model = MLP((sizes[0], *sizes[1:-1], sizes[-1]), dtype=config.dtype, seed=config.seed)
+        order = BatchOrder(X.shape[0], batch, seed=config.seed, shuffle=True)
+        r, c = (int(v) for v in grid.split("x"))
+        out = DaskArrayPeer(client, (r, c), settings).fit(model, X, y, order, steps + warmup)
+        return record(net, sizes, batch, grid, "dask", _median_interval(out["times"], warmup))
+
+    # -- paper-scale nets over the process count --------------------------------------
+    for net in config.nets:
+        spec = PAPER_NETS[net]
+        sizes = (spec["n_features"], *spec["hidden"], spec["n_outputs"])
+        X, y = make_linear(config.n_samples, spec["n_features"], spec["n_outputs"], seed=config.seed,
+                           dtype=config.dtype)
+        log(f"{net}: sizes {sizes}, batch {config.batch_size}")
+        serial(net, X, y, sizes, config.batch_size, config.serial_steps)
+        for grid in config.grids:
+            if "resident" in modes:
+                npt(net, X, y, sizes, config.batch_size, grid, "resident", config.resident_steps)
+            if "graph" in modes:
+                npt(net, X, y, sizes, config.batch_size, grid, "graph", config.graph_steps)
+            if "dask" in modes:
+                peer(net, X, y, sizes, config.batch_size, grid, config.peer_steps)
+        plans[net] = _auto_choice(cost, sizes, config.batch_size, n_workers, resident_available(), config.dtype)
+        if "auto" in config.modes:
+            steps = config.resident_steps if plans[net]["mode"] == "resident" else config.graph_steps
+            npt(net, X, y, sizes, config.batch_size, "auto", "auto", steps)
+
+    # -- the large net on 2x2 ---------------------------------------------------------
+    if config.large_width:
+        w = config.large_width
+        sizes = (w, w, w)
+        X, y = make_linear(max(2 * config.large_batch, config.large_batch), w, w, seed=config.seed, dtype=config.dtype)
+        net = f"large-{w}"
+        log(f"{net}: sizes {sizes}, batch {config.large_batch}")
+        warm = config.large_warmup
+        serial(net, X, y, sizes, config.large_batch, config.large_steps, warm)
+        if "graph" in modes:
+            npt(net, X, y, sizes, config.large_batch, "2x2", "graph", config.large_steps, warm)
+        if "dask" in modes:
+            peer(net, X, y, sizes, config.large_batch, "2x2", config.large_steps, warm)
+        plans[net] = _auto_choice(cost, sizes, config.large_batch, n_workers, resident_available(), config.dtype)
+        if "auto" in config.modes and (plans[net]["grid"], plans[net]["mode"]) != ("2x2", "graph"):
+            npt(net, X, y, sizes, config.large_batch, "auto", "auto", config.large_steps, warm)
+        del X, y
+
+    # -- resident mode against serial over the width, on 2x2 ------------------------------
+    if config.widths and "resident" in modes:
+        for w in config.widths:
+            sizes = (w, w, w, 16)
+            net = f"width-{w}"
+            X, y = make_linear(max(4 * config.width_batch, 1024), w, 16, seed=config.seed, dtype=config.dtype)
+            log(f"{net}: sizes {sizes}, batch {config.width_batch}")
+            serial(net, X, y, sizes, config.width_batch, max(config.resident_steps // 2, 5))
+            npt(net, X, y, sizes, config.width_batch, "2x2", "resident", max(config.resident_steps // 2, 5))
+
+    _derive(table)
+    checks = _checks(table, plans)
+    return {"table": table, "checks": checks, "machine": machine_info(client), "config": asdict(config),
+            "plans": plans, "cost_model": cost.to_dict()}
+
+
+def _kwargs(sizes, batch, config: BenchConfig) -> dict:
+    return {"hidden_sizes": tuple(sizes[1:-1]), "lr": 0.01, "momentum": 0.9, "batch_size": batch,
+            "seed": config.seed, "dtype": config.dtype, "loss": "mse"}
+
+
+def _auto_choice(cost, sizes, batch, n_workers, resident, dtype) -> dict:
+    from daskann.npt import costmodel
+
+    shape, mode, table = costmodel.choose_grid(cost, sizes, batch, n_workers=n_workers, resident_available=resident,
+                                               itemsize=np.dtype(dtype).itemsize)
+    return {"grid": f"{shape[0]}x{shape[1]}", "mode": mode, "table": table}
+
+
+def _derive(table: list[dict]) -> None:
+    """Speedup, efficiency and ratio to the peer and to serial for every row."""
+    serial = {r["net"]: r["time_per_step"] for r in table if r["mode"] == "serial"}
+    peers = {(r["net"], r["grid"]): r["time_per_step"] for r in table if r["mode"] == "dask"}
+    for r in table:
+        t1 = serial.get(r["net"], float("nan"))
+        r["speedup"] = t1 / r["time_per_step"] if r["time_per_step"] else float("nan")
+        r["efficiency"] = r["speedup"] / r["p"]
+        r["vs_serial"] = r["time_per_step"] / t1
+        peer = peers.get((r["net"], r["grid"]))
+        r["vs_peer"] = r["time_per_step"] / peer if peer else float("nan")
+
+
+def _checks(table: list[dict], plans: dict) -> dict:
+    """The issue's benchmark targets, from this run's table."""
+    checks = {}
+    rows = {(r["net"], r["grid"], r["mode"]): r for r in table}
+    large = [r for r in table if r["net"].startswith("large-") and r["mode"] == "graph"]
+    if large:
+        r = large[0]
+        checks["large_graph_vs_peer"] = {"value": r["vs_peer"], "target": "<= 0.8", "met": bool(r["vs_peer"] <= 0.8),
+                                         "graph_s": r["time_per_step"],
+                                         "peer_s": rows.get((r["net"], "2x2", "dask"), {}).get("time_per_step"),
+                                         "serial_s": r["time_per_step"] * r["speedup"]}
+    ratios = {}
+    for net in PAPER_NETS:
+        for grid in {r["grid"] for r in table if r["net"] == net and r["mode"] == "resident"}:
+            g, res = rows.get((net, grid, "graph")), rows.get((net, grid, "resident"))
+            if g and res and grid != "1x1":
+                ratios[f"{net} {grid}"] = g["time_per_step"] / res["time_per_step"]
+    if ratios:
+        worst = min(ratios.values())
+        checks["resident_vs_graph"] = {"ratios": ratios, "min": worst, "target": ">= 10", "met": bool(worst >= 10)}
+        checks["resident_vs_serial"] = {
+            f"{net} {grid}": {
+                "ratio": rows[(net, grid, "resident")]["vs_serial"],
+                "step_s": rows[(net, grid, "resident")]["time_per_step"],
+                "serial_s": rows[(net, "-", "serial")]["time_per_step"],
+                # where a resident step goes (the slowest worker): arithmetic, and messaging plus waiting
+                "compute_s": rows[(net, grid, "resident")].get("compute_time"),
+                "comm_s": rows[(net, grid, "resident")].get("comm_time"),
+                "bytes_moved": rows[(net, grid, "resident")].get("bytes_moved"),
+            }
+            for net in PAPER_NETS for grid in ("2x2",) if (net, grid, "resident") in rows
+        }
+    widths = sorted((int(r["net"].split("-")[1]), r) for r in table
+                    if r["net"].startswith("width-") and r["mode"] == "resident")
+    if widths:
+        beats = [w for w, r in widths if r["vs_serial"] < 1.0]
+        checks["resident_beats_serial_width"] = {
+            "smallest_width": beats[0] if beats else None,
+            "ratios": {w: r["vs_serial"] for w, r in widths},
+        }
+    auto = {}
+    for net, plan in plans.items():
+        measured = [r for r in table if r["net"] == net and r["mode"] in ("graph", "resident")]
+        serial = [r for r in table if r["net"] == net and r["mode"] == "serial"]
+        if not measured:
+            continue
+        best = min(measured, key=lambda r: r["time_per_step"])
+        # the auto run itself when there is one, else the sweep's row for the predicted grid and mode
+        pick = next((r for r in table if r["net"] == net and r["mode"].startswith("auto-")), None) \
+            or rows.get((net, plan["grid"], plan["mode"]))
+        within = pick is not None and pick["time_per_step"] <= 1.1 * best["time_per_step"]
+        no_grid_pays = bool(serial) and all(r["time_per_step"] >= serial[0]["time_per_step"]
+                                            for r in measured if r["cells"] > 1)
+        auto[net] = {"pick": f"{plan['grid']} {plan['mode']}", "pick_s": pick["time_per_step"] if pick else None,
+                     "best": f"{best['grid']} {best['mode']}", "best_s": best["time_per_step"],
+                     "within_10pct": bool(within), "no_grid_pays": no_grid_pays,
+                     "single_worker_when_no_grid_pays": (plan["grid"] == "1x1") if no_grid_pays else None}
+    checks["grid_auto"] = auto
+    return checks
+
+
+# -- output ---------------------------------------------------------------------------
+def format_table(table: list[dict]) -> str:
+    head = f"{'net':>15} {'sizes':>16} {'batch':>5} {'grid':>5} {'p':>2} {'mode':>8} {'ms/step':>10} " \
+           f"{'speedup':>8} {'E':>6} {'vs peer':>8} {'vs serial':>9}"
+    lines = [head]
+    for r in table:
+        lines.append(
+            f"{r['net']:>15} {r['sizes']:>16} {r['batch']:>5} {r['grid']:>5} {r['p']:>2} {r['mode']:>8} "
+            f"{r['time_per_step'] * 1e3:>10.2f} {r['speedup']:>8.3g} {r['efficiency']:>6.3g} "
+            f"{r['vs_peer']:>8.3g} {r['vs_serial']:>9.3g}"
+        )
+    return "\n".join(lines)
+
+
+def write_outputs(result: dict, out_dir) -> dict:
+    """``bench-npt.json``, ``bench-npt.zarr`` and three PNG plots in ``out_dir``; their paths."""
+    from pathlib import Path
+
+    import xarray as xr
+
+    from daskann import store
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    json_path = out / "bench-npt.json"
+    tmp = store.temporary_sibling(json_path)
+    tmp.write_text(json.dumps(clean_json(result), indent=2))
+    os.replace(tmp, json_path)
+    paths["json"] = json_path
+    table = result["table"]
+    columns = {}
+    for key in table[0]:
+        values = [r.get(key) for r in table]
+        if all(isinstance(v, str) for v in values):
+            # variable-width strings: zarr v3 has a specification for them (fixed-width has none)
+            columns[key] = ("row", np.array(values, dtype=np.dtypes.StringDType()))
+        else:
+            columns[key] = ("row", np.array([np.nan if v is None else v for v in values], dtype=float))
+    ds = xr.Dataset(columns, coords={"row": np.arange(len(table))},
+                    attrs={"machine": json.dumps(clean_json(result["machine"])),
+                           "checks": json.dumps(clean_json(result["checks"]))})
+    paths["zarr"] = store.save_history(ds, out / "bench-npt.zarr")
+    paths.update(plot(table, out))
+    return paths
+
+
+def plot(table: list[dict], out_dir) -> dict:
+    """PNG plots of time per step, speedup and efficiency against ``p`` (matplotlib, imported here).
+
+    One colour per net, one line style per mode; serial training is the
+    dashed horizontal line of its net's colour on the time plot.
+    """
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    paths = {}
+    series, serial = {}, {}
+    for r in table:
+        if r["net"].startswith("width-"):
+            continue
+        if r["mode"] == "serial":
+            serial[r["net"]] = r["time_per_step"]
+        else:
+            series.setdefault((r["net"], r["mode"]), []).append(r)
+    nets = list(dict.fromkeys(net for net, _ in series))
+    colours = {net: plt.get_cmap("tab10")(k % 10) for k, net in enumerate(nets)}
+    styles = {"graph": ("-", "o"), "resident": ("--", "s"), "dask": (":", "^")}
+    for metric, label, log in (("time_per_step", "time per step (s)", True), ("speedup", "speedup T1/Tp", True),
+                               ("efficiency", "efficiency T1/(p Tp)", False)):
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        for (net, mode), rows in sorted(series.items()):
+            rows = sorted(rows, key=lambda r: (r["cells"], r["grid"]))
+            line, marker = styles.get(mode, ("none", "*"))
+            ax.plot([r["cells"] for r in rows], [r[metric] for r in rows], linestyle=line, marker=marker,
+                    markersize=9 if marker == "*" else 5, color=colours[net], label=f"{net} {mode}")
+        if metric == "time_per_step":
+            for net, t1 in serial.items():
+                if net in colours:
+                    ax.axhline(t1, color=colours[net], lw=0.8, ls=(0, (6, 3)), alpha=0.7)
+        else:
+            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_xlabel("grid cells (process count p)")
+        ax.set_ylabel(label)
+        ax.set_xscale("log", base=2)
+        if log:
+            ax.set_yscale("log")
+        ax.legend(fontsize=6.5, ncol=2)
+        ax.set_title(f"NPT: {label} against p" + (" (thin dashed: serial)" if metric == "time_per_step" else ""))
+        fig.tight_layout()
+        path = out / f"bench-npt-{metric}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths[metric] = path
+    return paths
+
+
+def clean_json(value):
+    """A JSON-safe copy: numpy scalars to Python, NaN and infinities to None, paths to str."""
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def format_checks(checks: dict) -> str:
+    """The benchmark targets in words."""
+    lines = []
+    c = checks.get("large_graph_vs_peer")
+    if c:
+        lines.append(f"large net, 2x2 graph / dask.array peer: {c['value']:.3g} (target {c['target']}: "
+                     f"{'met' if c['met'] else 'NOT met'}); graph {c['graph_s']:.3g} s, peer {c['peer_s']:.3g} s, "
+                     f"serial {c['serial_s']:.3g} s per step")
+    c = checks.get("resident_vs_graph")
+    if c:
+        lines.append(f"resident vs graph at paper scale: min {c['min']:.3g}x (target {c['target']}: "
+                     f"{'met' if c['met'] else 'NOT met'}); "
+                     + ", ".join(f"{k} {v:.3g}x" for k, v in c["ratios"].items()))
+    c = checks.get("resident_vs_serial")
+    if c:
+        for k, v in c.items():
+            lines.append(f"resident / serial at paper scale, {k}: {v['ratio']:.3g} ({v['step_s'] * 1e3:.3g} ms "
+                         f"against {v['serial_s'] * 1e3:.3g} ms per step; of a resident step "
+                         f"{_fmt(v['compute_s'] and v['compute_s'] * 1e3)} ms arithmetic, "
+                         f"{_fmt(v['comm_s'] and v['comm_s'] * 1e3)} ms messages and waiting, "
+                         f"{_fmt(v['bytes_moved'])} bytes moved)")
+    c = checks.get("resident_beats_serial_width")
+    if c:
+        lines.append(f"smallest width where resident 2x2 beats serial: {c['smallest_width']} "
+                     f"(resident/serial by width: " + ", ".join(f"{k}: {v:.3g}" for k, v in c["ratios"].items()) + ")")
+    for net, a in checks.get("grid_auto", {}).items():
+        lines.append(f"grid='auto' for {net}: picked {a['pick']} ({_fmt(a['pick_s'])} s), best measured {a['best']} "
+                     f"({_fmt(a['best_s'])} s): within 10% {a['within_10pct']}"
+                     + (f"; no grid pays, single worker picked: {a['single_worker_when_no_grid_pays']}"
+                        if a["no_grid_pays"] else ""))
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.3g}"
+
+
+__all__ = ["BenchConfig", "PAPER_NETS", "clean_json", "format_checks", "format_table", "machine_info", "plot",
+           "run_bench",
+           "write_outputs"]

@@ -1,0 +1,211 @@
+"""``daskann train npt``, ``daskann plan`` and ``daskann bench npt``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from daskann._cli_common import (
+    _int_list,
+    cli_errors,
+    cluster_options,
+    data_options,
+    output_options,
+    run_training,
+    training_options,
+)
+from daskann.npt.trainer import MODES, PIPELINES
+
+
+def _connect(opts: dict, *, quiet: bool):
+    from daskann.cluster import client
+
+    return client(address=opts.get("address"), profile=opts.get("profile"), n_workers=opts.get("workers"),
+                  quiet=quiet)
+
+
+def npt_summary(trainer) -> dict:
+    """Figures an NPT run adds to the common summary (JSON-safe)."""
+    h = trainer.history_
+    extra = {
+        "grid": f"{trainer.grid_.rows}x{trainer.grid_.cols}",
+        "mode": trainer.mode_,
+        "workers": len(set(trainer.grid_.workers)),
+        "recoveries": int(trainer.recoveries_),
+    }
+    for name in ("compute_time", "comm_time", "bytes_moved"):
+        if name in h:
+            values = h[name].values
+            extra[f"median_{name}"] = float(f"{float(_nanmedian(values)):.6g}")
+    return extra
+
+
+def _nanmedian(values):
+    import numpy as np
+
+    finite = values[~np.isnan(values)]
+    return np.median(finite) if finite.size else float("nan")
+
+
+@click.command("npt")
+@training_options
+@data_options
+@output_options
+@cluster_options
+@click.option("--grid", default="auto", show_default=True,
+              help="Process grid: 'auto' (cost model), 'RxC' such as 2x2 or 2x4, or Q for QxQ.")
+@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
+              help="graph: a task per block product; resident: one long-lived task per worker.")
+@click.option("--share-workers", is_flag=True, help="Allow a grid with more cells than workers.")
+@click.option("--pipeline", type=click.Choice(PIPELINES), default="auto", show_default=True,
+              help="Graph mode: tasks per output block (fused, single chain, double-buffered).")
+@click.option("--timeout", type=float, default=120.0, show_default=True,
+              help="Seconds without progress before training fails.")
+@cli_errors
+def train_command(**opts):
+    """Network-parallel training: Cannon block products on a grid of workers."""
+    from daskann.cluster import close
+    from daskann.npt.trainer import NPTTrainer
+
+    client = _connect(opts, quiet=bool(opts.get("quiet") or opts.get("as_json")))
+    try:
+        run_training(
+            lambda settings, data: NPTTrainer(
+                **settings, grid=opts["grid"], mode=opts["mode"], share_workers=opts["share_workers"],
+                pipeline=opts["pipeline"], timeout=opts["timeout"], client=client,
+            ),
+            opts, method="npt", extra=npt_summary,
+        )
+    finally:
+        close(client)
+
+
+@click.command("plan")
+@click.option("--hidden", default="64", show_default=True, callback=_int_list, help="Hidden layer widths.")
+@click.option("--n-features", type=int, default=64, show_default=True, help="Input width.")
+@click.option("--n-outputs", type=int, default=10, show_default=True, help="Output width.")
+@click.option("--batch-size", type=int, default=64, show_default=True)
+@click.option("--dtype", type=click.Choice(["float64", "float32"]), default="float64", show_default=True)
+@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the cost model and table as JSON.")
+@cluster_options
+@cli_errors
+def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json, **opts):
+    """Predict the time per step of each NPT grid on this cluster (the cost model's table)."""
+    import numpy as np
+
+    from daskann._validation import check_hidden_sizes, check_int
+    from daskann.cluster import close
+    from daskann.npt.grid import live_workers
+    from daskann.npt import costmodel
+    from daskann.npt.trainer import resident_available
+
+    sizes = (check_int("n_features", n_features), *check_hidden_sizes(hidden), check_int("n_outputs", n_outputs))
+    batch_size = check_int("batch_size", batch_size)
+    client = _connect(opts, quiet=True)
+    try:
+        model = costmodel.measure(client)
+        n_workers = len(live_workers(client))
+        table = model.plan(sizes, batch_size, n_workers=n_workers, mode=mode,
+                           resident_available=resident_available(), itemsize=np.dtype(dtype).itemsize)
+    finally:
+        close(client)
+    if as_json:
+        click.echo(json.dumps(_clean({"sizes": list(sizes), "batch_size": batch_size, "workers": n_workers,
+                               "cost_model": model.to_dict(), "table": table}), indent=2))
+        return
+    click.echo(f"net {'-'.join(map(str, sizes))}, batch {batch_size}, {dtype}, on {n_workers} workers")
+    click.echo(f"measured: {model.rate(1) / 1e9:.3g} GFLOP/s per worker alone, "
+               f"{model.rate(n_workers) / 1e9:.3g} with all {n_workers} busy; "
+               f"{model.task_cost * 1e3:.3g} ms per task, {model.task_latency * 1e3:.3g} ms per dependent hop; "
+               f"messages {model.latency * 1e3:.3g} ms + {model.bandwidth / 2**30:.3g} GiB/s")
+    click.echo(costmodel.format_table(table))
+    best = table[0]
+    click.echo(f"grid='auto' takes {best['grid']} in {best['mode']} mode ({best['predicted_s'] * 1e3:.3g} ms per step)")
+
+
+def _clean(value):
+    """JSON-safe copy: NaN and infinities become null."""
+    from daskann.npt.bench import clean_json
+
+    return clean_json(value)
+
+
+@click.command("npt")
+@cluster_options
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("bench-npt"), show_default=True,
+              help="Folder for bench-npt.json, bench-npt.zarr and the PNG plots.")
+@click.option("--nets", default="one-hidden,two-hidden,two-hidden-256", show_default=True,
+              help="Paper-scale nets to sweep (comma-separated; empty skips them).")
+@click.option("--grids", default="1x1,1x2,2x2,2x4", show_default=True,
+              help="Grids of the paper-scale sweep (more cells than workers share workers).")
+@click.option("--steps", type=int, default=None, help="Timed steps of graph mode and the peer (resident: more).")
+@click.option("--large-width", type=int, default=4096, show_default=True,
+              help="Width of the large net's layers (0 skips it).")
+@click.option("--large-batch", type=int, default=4096, show_default=True)
+@click.option("--large-steps", type=int, default=2, show_default=True)
+@click.option("--widths", default="256,512,1024,2048", show_default=True,
+              help="Widths of the resident-versus-serial sweep on 2x2 (empty skips it).")
+@click.option("--modes", default="graph,resident,dask,auto", show_default=True,
+              help="Which runs: graph, resident, dask (the dask.array peer), auto (grid='auto').")
+@click.option("--quick", is_flag=True, help="Small sizes and few steps (a smoke test of the benchmark).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@cli_errors
+def bench_command(output, nets, grids, steps, large_width, large_batch, large_steps, widths, modes, quick, as_json,
+                  **opts):
+    """Time per step, speedup and efficiency of NPT against p, against serial and dask.array's @."""
+    from daskann._validation import check_int, invalid
+    from daskann.cluster import close
+    from daskann.npt import bench
+    from daskann.npt.grid import parse_grid
+
+    grid_list = [g.strip() for g in grids.split(",") if g.strip()]
+    for g in grid_list:
+        if parse_grid(g) == "auto":
+            raise invalid("grids", g, "explicit grids such as 1x2,2x2")
+    net_list = [n.strip() for n in nets.split(",") if n.strip()]
+    for n in net_list:
+        if n not in bench.PAPER_NETS:
+            raise invalid("nets", n, "a comma-separated subset of " + ", ".join(bench.PAPER_NETS))
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    for m in mode_list:
+        if m not in ("graph", "resident", "dask", "auto"):
+            raise invalid("modes", m, "a comma-separated subset of graph, resident, dask, auto")
+    width_list = [check_int("widths", int(w)) for w in widths.split(",") if w.strip()] if widths else []
+    config = bench.BenchConfig(nets=net_list, grids=grid_list, modes=mode_list, widths=width_list,
+                               large_width=check_int("large_width", large_width, minimum=0),
+                               large_batch=check_int("large_batch", large_batch),
+                               large_steps=check_int("large_steps", large_steps))
+    if steps is not None:
+        config.graph_steps = config.peer_steps = check_int("steps", steps)
+        config.resident_steps = max(config.resident_steps, config.graph_steps)
+    if quick:
+        config.n_samples, config.batch_size = 512, 64
+        config.graph_steps = config.peer_steps = min(config.graph_steps, 3)
+        config.resident_steps, config.serial_steps, config.warmup = 5, 10, 1
+        config.large_width, config.large_batch = min(config.large_width, 256), min(config.large_batch, 256)
+        config.large_steps, config.large_warmup = 2, 1
+        config.widths = config.widths[:2] if config.widths else []
+        config.width_batch = 64
+    log = (lambda *_: None) if as_json else click.echo
+    if opts.get("address") is None and opts.get("profile") is None and opts.get("workers") is None:
+        opts["workers"] = 4  # enough for the 1x1 .. 2x2 sweep; 2x4 shares them
+    client = _connect(opts, quiet=True)
+    try:
+        result = bench.run_bench(client, config, log=log)
+    finally:
+        close(client)
+    paths = bench.write_outputs(result, output)
+    if as_json:
+        click.echo(json.dumps(bench.clean_json({**result, "outputs": {k: str(v) for k, v in paths.items()}}),
+                              indent=2))
+        return
+    machine = result["machine"]
+    click.echo(f"machine: {machine.get('cpu_model')} ({machine['cpu_count']} cpus), {machine['platform']}; "
+               f"load {machine.get('load_average')}")
+    click.echo(f"BLAS on the workers: {machine.get('blas_worker')}")
+    click.echo(bench.format_table(result["table"]))
+    click.echo(bench.format_checks(result["checks"]))
+    click.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -1,0 +1,355 @@
+"""Cost model of network-parallel training: which grid and which mode pay.
+
+The model is measured on the cluster at hand (once per cluster and worker
+set, then cached in the process):
+
+* ``flop_rate[p]``: GEMM flop rate of one worker while ``p`` workers multiply
+  at once (so that workers sharing cores show it), and the fixed cost of a
+  small GEMM call;
+* ``task_cost``: scheduler time per task when many run (throughput) and
+  ``task_latency``: the time of one dependent hop (task done -> scheduler
+  -> next task started on another worker);
+* ``latency`` and ``bandwidth`` of a worker-to-worker block message.
+
+From these, :meth:`CostModel.predict` gives the time per step of each grid
+in graph mode (compute per cell + the step's tasks through the scheduler +
+its chain of dependent hops + transfers) and in resident mode (compute per
+cell + one message per block shift). ``grid="auto"`` takes the fastest
+prediction; a ``1x1`` grid (a single worker) wins when no grid pays.
+``mode="auto"`` takes graph mode when a block product lasts long enough to
+hide a dependent hop (:data:`GRAPH_MIN_PRODUCT_HOPS` hops), resident mode
+otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from daskann._validation import invalid
+from daskann.npt.grid import split_sizes
+
+#: a block product must last this many dependent-task hops for graph mode to pay
+GRAPH_MIN_PRODUCT_HOPS = 10.0
+
+_CACHE: dict = {}
+
+
+@dataclass
+class CostModel:
+    """Measured costs of one cluster (seconds, flop/s, bytes/s).
+
+    Attributes
+    ----------
+    flop_rate : dict
+        ``{p: flop/s of one worker while p workers multiply at once}``.
+    gemm_overhead : float
+        Fixed seconds per GEMM call (small blocks).
+    task_cost : float
+        Scheduler seconds per task at full throughput.
+    task_latency : float
+        Seconds per dependent hop between workers.
+    latency : float
+        One-way seconds of a small worker-to-worker message.
+    bandwidth : float
+        Bytes per second of a worker-to-worker transfer.
+    n_workers : int
+        Workers of the cluster.
+    """
+
+    flop_rate: dict
+    gemm_overhead: float
+    task_cost: float
+    task_latency: float
+    latency: float
+    bandwidth: float
+    n_workers: int
+
+    def rate(self, busy: int) -> float:
+        """Flop rate of one worker while ``busy`` workers multiply (interpolated)."""
+        known = sorted(self.flop_rate)
+        if busy <= known[0]:
+            return self.flop_rate[known[0]]
+        for lo, hi in zip(known[:-1], known[1:]):
+            if lo <= busy <= hi:
+                f = (busy - lo) / (hi - lo)
+                return self.flop_rate[lo] * (1 - f) + self.flop_rate[hi] * f
+        # beyond the measured range: aggregate throughput stays flat
+        top = known[-1]
+        return self.flop_rate[top] * top / busy
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["flop_rate"] = {str(k): v for k, v in self.flop_rate.items()}
+        return d
+
+    # -- predictions -----------------------------------------------------------------
+    def predict(self, sizes, batch_size: int, grid_shape, *, mode: str, itemsize: int = 8,
+                n_workers: int | None = None) -> float:
+        """Predicted seconds per training step of ``sizes`` on a ``rows x cols`` grid."""
+        rows, cols = grid_shape
+        cells = rows * cols
+        workers = min(cells, n_workers or self.n_workers)
+        cells_per_worker = math.ceil(cells / workers)
+        products = _products(sizes, batch_size)
+        n_layers = len(sizes) - 1
+        # the busiest worker's arithmetic, all its workers multiplying at once
+        compute = sum(2.0 * m * k * n for m, k, n in products) * cells_per_worker / cells / self.rate(workers)
+        if mode == "resident":
+            q = math.lcm(rows, cols)
+            virtual = q * q // workers
+            calls = len(products) * q * virtual
+            if cells == 1:
+                return compute + calls * self.gemm_overhead
+            exchange = 0.0
+            for m, k, n in products:
+                # a skew, then q steps that each pass a block of both operands on (overlapping the GEMMs)
+                block = max(m * k, k * n) / (q * q) * itemsize
+                exchange += (q + 1) * (self.latency + virtual * block / self.bandwidth)
+            # small all-gathers per step: loss, finite flag, bias gradients, softmax statistics
+            exchange += (2 + n_layers) * self.latency * math.ceil(math.log2(workers + 1))
+            return compute + calls * self.gemm_overhead + exchange
+        if mode != "graph":
+            raise invalid("mode", mode, "'graph' or 'resident'")
+        steps = _segments(rows, cols)
+        chains = pipeline_chains(sizes, batch_size, grid_shape)
+        per_cell = {0: 1, 1: steps, 2: steps + (1 if steps > 1 else 0)}[chains]
+        hops_per_product = {0: 1, 1: steps, 2: (steps + 1) // 2 + (1 if steps > 1 else 0)}[chains]
+        tasks = len(products) * cells * per_cell + cells + n_layers * cols
+        if chains:
+            tasks += n_layers * cells  # weight updates (fused into the gradient's last task when chains == 0)
+        # critical path: forward, loss, backward through every layer, the first layer's gradient and update
+        hops = (2 * n_layers) * hops_per_product + (1 if chains else 0) + 1
+        calls = len(products) * steps * cells_per_worker
+        transfer = 0.0
+        if cells > 1:
+            for m, k, n in products:
+                # each cell receives the parts of its row panel of op(A) and column panel of op(B) it lacks
+                received = ((m / rows) * k * (1 - 1 / cols) + k * (n / cols) * (1 - 1 / rows)) * itemsize
+                transfer += received * cells_per_worker / self.bandwidth
+            if chains == 2:
+                transfer *= 0.5  # half of it hides behind the products
+        # the scheduler handles every task; a worker waits on its chain of dependent hops
+        return compute + calls * self.gemm_overhead + transfer + tasks * self.task_cost + hops * self.task_latency
+
+    def product_seconds(self, sizes, batch_size: int, grid_shape, *, itemsize: int = 8) -> float:
+        """Seconds of the largest single block product of a step on this grid."""
+        rows, cols = grid_shape
+        workers = min(rows * cols, self.n_workers)
+        steps = _segments(rows, cols)
+        largest = max(2.0 * m * k * n for m, k, n in _products(sizes, batch_size))
+        return largest / (rows * cols * steps) / self.rate(workers) + self.gemm_overhead
+
+    def choose_mode(self, sizes, batch_size: int, grid_shape, *, resident_available: bool = True,
+                    itemsize: int = 8) -> str:
+        """Graph mode when a block product hides :data:`GRAPH_MIN_PRODUCT_HOPS` dependent hops."""
+        if not resident_available:
+            return "graph"
+        t = self.product_seconds(sizes, batch_size, grid_shape, itemsize=itemsize)
+        return "graph" if t >= GRAPH_MIN_PRODUCT_HOPS * self.task_latency else "resident"
+
+    def plan(self, sizes, batch_size: int, *, n_workers: int | None = None, mode: str = "auto",
+             resident_available: bool = True, itemsize: int = 8, grids=None) -> list[dict]:
+        """Prediction table: one row per candidate grid, fastest first."""
+        n_workers = n_workers or self.n_workers
+        rows = []
+        for shape in grids or candidate_grids(n_workers):
+            graph = self.predict(sizes, batch_size, shape, mode="graph", itemsize=itemsize, n_workers=n_workers)
+            resident = self.predict(sizes, batch_size, shape, mode="resident", itemsize=itemsize,
+                                    n_workers=n_workers) if resident_available else float("nan")
+            chosen = mode if mode != "auto" else self.choose_mode(
+                sizes, batch_size, shape, resident_available=resident_available, itemsize=itemsize)
+            rows.append({
+                "grid": f"{shape[0]}x{shape[1]}",
+                "cells": shape[0] * shape[1],
+                "mode": chosen,
+                "graph_s": graph,
+                "resident_s": resident,
+                "block_product_s": self.product_seconds(sizes, batch_size, shape, itemsize=itemsize),
+                "predicted_s": graph if chosen == "graph" else resident,
+            })
+        serial = next((r["predicted_s"] for r in rows if r["cells"] == 1), None)
+        for r in rows:
+            r["speedup"] = serial / r["predicted_s"] if serial else float("nan")
+        return sorted(rows, key=lambda r: r["predicted_s"])
+
+
+#: graph mode: a block product of at least this many flops runs as two accumulation
+#: chains (transfers overlap products) ...
+DOUBLE_BUFFER_MIN_FLOPS = 2e8
+#: ... of at least this many as one chain of tasks, one per block product; smaller
+#: ones are fused, one task per output block (a task costs the scheduler about a
+#: millisecond, far more than such a product)
+TASK_PER_PRODUCT_MIN_FLOPS = 5e7
+
+
+def pipeline_chains(sizes, batch_size: int, grid_shape) -> int:
+    """Graph mode's tasks per output block: 2 (double-buffered), 1 (one chain) or 0 (fused)."""
+    rows, cols = grid_shape
+    largest = max(2.0 * m * k * n for m, k, n in _products(sizes, batch_size))
+    block = largest / (rows * cols * _segments(rows, cols))
+    if block >= DOUBLE_BUFFER_MIN_FLOPS:
+        return 2
+    return 1 if block >= TASK_PER_PRODUCT_MIN_FLOPS else 0
+
+
+def _products(sizes, batch_size: int) -> list[tuple[int, int, int]]:
+    """``(m, k, n)`` of every matrix product of one training step."""
+    out = []
+    for layer, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+        out.append((batch_size, n_in, n_out))  # forward
+        out.append((n_in, batch_size, n_out))  # weight gradient
+        if layer > 0:
+            out.append((batch_size, n_out, n_in))  # gradient of the layer input
+    return out
+
+
+def _segments(rows: int, cols: int) -> int:
+    """Cannon steps per product: the common refinement of a rows- and a cols-way split."""
+    cuts = set()
+    n = rows * cols * 64
+    for parts in (rows, cols):
+        edge = 0
+        for size in split_sizes(n, parts):
+            cuts.add(edge)
+            edge += size
+    return len(cuts)
+
+
+def candidate_grids(n_workers: int) -> list[tuple[int, int]]:
+    """Every ``rows x cols`` grid with at most ``n_workers`` cells, including ``1x1``."""
+    return [(r, c) for r in range(1, n_workers + 1) for c in range(1, n_workers // r + 1)]
+
+
+def choose_grid(model: CostModel, sizes, batch_size: int, *, mode: str = "auto", n_workers=None,
+                resident_available: bool = True, itemsize: int = 8) -> tuple[tuple[int, int], str, list[dict]]:
+    """The fastest predicted grid and its mode, and the whole table."""
+    table = model.plan(sizes, batch_size, n_workers=n_workers, mode=mode, resident_available=resident_available,
+                       itemsize=itemsize)
+    best = table[0]
+    r, c = (int(x) for x in best["grid"].split("x"))
+    return (r, c), best["mode"], table
+
+
+# -- measuring -----------------------------------------------------------------------
+def measure(client, *, refresh: bool = False) -> CostModel:
+    """Measure (or fetch from the cache) the cost model of ``client``'s cluster."""
+    from daskann.npt.grid import live_workers
+
+    workers = live_workers(client)
+    if not workers:
+        raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
+    cache_key = (client.scheduler.address, tuple(workers))
+    if not refresh and cache_key in _CACHE:
+        return _CACHE[cache_key]
+    flop_rate, overhead = _measure_flops(client, workers)
+    task_cost, task_latency = _measure_tasks(client, workers)
+    latency, bandwidth = _measure_transfers(client, workers, task_latency)
+    model = CostModel(flop_rate, overhead, task_cost, task_latency, latency, bandwidth, len(workers))
+    _CACHE[cache_key] = model
+    return model
+
+
+def _gemm_rate(n: int = 256, seconds: float = 0.15, small: int = 8) -> tuple[float, float]:
+    """Flop rate of ``n x n`` GEMMs and the time of a tiny GEMM call (runs on a worker)."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
+    a @ b
+    count, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        count += 1
+    rate = 2.0 * n**3 * count / (time.perf_counter() - t0)
+    s = rng.standard_normal((small, small))
+    t0 = time.perf_counter()
+    for _ in range(200):
+        s @ s
+    return rate, (time.perf_counter() - t0) / 200
+
+
+def _measure_flops(client, workers) -> tuple[dict, float]:
+    counts = sorted({1, len(workers)} | {2**k for k in range(1, 8) if 2**k < len(workers)})
+    rates, overheads = {}, []
+    for p in counts:
+        out = client.run(_gemm_rate, workers=workers[:p])
+        values = list(out.values())
+        rates[p] = float(np.median([v[0] for v in values]))
+        overheads += [v[1] for v in values]
+    return rates, float(np.median(overheads))
+
+
+def _noop(*args):
+    return None
+
+
+def _make(nbytes: int, *deps):
+    return np.ones(max(nbytes // 8, 1))
+
+
+def _measure_tasks(client, workers, n_tasks: int = 120, chain: int = 24) -> tuple[float, float]:
+    from daskann.npt._graph import GraphBuilder
+
+    name = f"daskann-npt-cost-{uuid.uuid4().hex[:10]}"
+    builder = GraphBuilder(client, f"{name}-many")
+    keys = [builder.add(f"{name}-many-{k}", _noop, k, owner=workers[k % len(workers)]) for k in range(n_tasks)]
+    t0 = time.perf_counter()
+    futures = builder.submit(keys)
+    client.gather(list(futures.values()))
+    task_cost = (time.perf_counter() - t0) / n_tasks
+    del futures
+    pair = workers[:2] if len(workers) > 1 else workers * 2
+    builder = GraphBuilder(client, f"{name}-chain")
+    prev = None
+    for k in range(chain):
+        prev = builder.add(f"{name}-chain-{k}", _make, 8, *([builder.ref(prev)] if prev else []),
+                           owner=pair[k % 2])
+    t0 = time.perf_counter()
+    futures = builder.submit([prev])
+    client.gather(list(futures.values()))
+    task_latency = (time.perf_counter() - t0) / chain
+    return task_cost, task_latency
+
+
+def _measure_transfers(client, workers, task_latency: float, nbytes: int = 8 * 2**20) -> tuple[float, float]:
+    if len(workers) < 2:
+        return task_latency, 1e9
+    try:
+        from daskann.npt.resident import exchange_latency
+
+        times = exchange_latency(client, sizes=[8192, nbytes], repeats=5, workers=workers[:2])
+        small, large = times[8192], times[nbytes]
+        return float(small), float(nbytes / max(large - small, 1e-6))
+    except ImportError:
+        pass
+    from daskann.npt._graph import GraphBuilder
+
+    # fall back on tasks: a hop carrying a big block minus a hop carrying nothing
+    name = f"daskann-npt-cost-{uuid.uuid4().hex[:10]}"
+    builder = GraphBuilder(client, name)
+    hops = 4
+    prev = builder.add(f"{name}-0", _make, nbytes, owner=workers[0])
+    for k in range(1, hops + 1):
+        prev = builder.add(f"{name}-{k}", _make, nbytes, builder.ref(prev), owner=workers[k % 2])
+    t0 = time.perf_counter()
+    futures = builder.submit([prev])
+    client.gather(list(futures.values()))
+    per_hop = (time.perf_counter() - t0) / (hops + 1)
+    return task_latency, float(nbytes / max(per_hop - task_latency, 1e-4))
+
+
+def format_table(table: list[dict]) -> str:
+    """The prediction table as text."""
+    lines = [f"{'grid':>6} {'cells':>5} {'mode':>9} {'predicted s/step':>17} {'graph s':>10} {'resident s':>11} "
+             f"{'block product s':>16} {'speedup':>8}"]
+    for r in table:
+        lines.append(
+            f"{r['grid']:>6} {r['cells']:>5} {r['mode']:>9} {r['predicted_s']:>17.4g} {r['graph_s']:>10.4g} "
+            f"{r['resident_s']:>11.4g} {r['block_product_s']:>16.3g} {r['speedup']:>8.3g}"
+        )
+    return "\n".join(lines)
+
+

@@ -1,0 +1,438 @@
+"""Graph mode of network-parallel training: one task per block product.
+
+Weights, biases, velocities and activations live on the cells of the grid
+as futures; each training step is one graph of pinned tasks sent to the
+scheduler in one message:
+
+* the minibatch's blocks are cut from column bands of the data (one band
+  per grid column, scattered once);
+* forward: ``Z_l = act(Z_{l-1}) @ W_l + b_l`` by Cannon products, the bias
+  added in the last task of each block; activations are applied by the
+  tasks that read them, so only ``Z`` is stored;
+* loss gradient: per block for MSE on a linear output; per grid row (a row
+  panel, because the softmax needs whole output rows) otherwise;
+* backward: ``dZ_{l-1} = (dZ_l @ W_l.T) * act'(Z_{l-1})`` and
+  ``dW_l = act(Z_{l-1}).T @ dZ_l`` by Cannon products, the velocity update
+  fused into the last task of each ``dW`` block, then ``W -= lr * v`` on the
+  owner; bias gradients (column sums of ``dZ``) and updates on the first
+  cell of each grid column, which also adds up the step's loss.
+
+Only the new state's keys are kept; everything else is released by the
+scheduler as soon as it is used. The client reads nothing but a few floats
+per step (the loss, from the small bias dicts of the last layer), so steps
+are submitted ahead while earlier ones run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from daskann.nn import MLP
+from daskann.npt import _kernels
+from daskann.npt._graph import GraphBuilder
+from daskann.npt.cannon import TrafficLedger, add_product
+from daskann.npt.grid import ProcessGrid, split_bounds
+from daskann.npt.matrix import Block, GridMatrix, scatter_to
+
+
+@dataclass
+class GridState:
+    """Parameters and velocities on the grid after ``step`` steps."""
+
+    step: int
+    weights: list  # GridMatrix per layer
+    velocities: list  # GridMatrix per layer
+    biases: list  # per layer, per grid column: Block of a dict {"b", "v"} on cell (0, j)
+    futures: dict = field(default_factory=dict, repr=False)
+
+    def keys(self) -> list[str]:
+        keys = []
+        for w, v, b in zip(self.weights, self.velocities, self.biases):
+            keys += w.keys() + v.keys() + [blk.key for blk in b]
+        return list(dict.fromkeys(keys))  # packed blocks hold a weight and its velocity under one key
+
+
+@dataclass
+class DataBands:
+    """A data set on the grid, scattered once.
+
+    ``X`` is cut into one column band per grid column, each on one worker
+    (minibatch blocks are cut from it every step). Float targets are small
+    next to ``X`` and copied to where the loss needs them: the band of
+    output columns ``j`` to every worker of grid column ``j`` (MSE on a
+    linear output), or all of ``y`` to the first worker of every grid row
+    (the row-panel loss). Integer labels stay on the client.
+    """
+
+    x_bands: list  # Block per grid column of the input
+    x_owners: list
+    y_keys: list | None  # [i][j]: key of the targets the loss task of cell (i, j) reads, or None
+    labels: np.ndarray | None
+    n_samples: int
+    futures: dict = field(default_factory=dict, repr=False)
+
+
+class GraphEngine:
+    """Builds and submits the task graphs of graph-mode training on one grid.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    grid : ProcessGrid
+    sizes : tuple of int
+        Layer widths of the network.
+    settings : dict
+        Validated trainer settings.
+    prefix : str
+        Per-run (and per-attempt) key prefix.
+    chains : {1, 2}
+        Accumulation chains per block product (see :mod:`daskann.npt.cannon`).
+    """
+
+    def __init__(self, client, grid: ProcessGrid, *, sizes, settings: dict, prefix: str, chains: int = 2):
+        self.client = client
+        self.grid = grid
+        self.sizes = tuple(sizes)
+        self.settings = settings
+        self.prefix = prefix
+        self.chains = chains
+        # tiny blocks: a weight block and its velocity under one key, updated by the task
+        # that finishes the weight gradient (no separate update task)
+        self.packed = chains == 0
+        self.dtype = np.dtype(settings["dtype"])
+        self.n_layers = len(self.sizes) - 1
+        self.panel_loss = not (settings["loss"] == "mse" and settings["output"] == "linear")
+        self.col_bounds = [split_bounds(n, grid.cols) for n in self.sizes]
+        self.row_bounds = [split_bounds(n, grid.rows) for n in self.sizes]
+        self.ledgers: dict[int, int] = {}
+
+    # -- placement ------------------------------------------------------------------
+    def band_owner(self, j: int) -> str:
+        """Worker holding column band ``j`` of ``X``: spread down the grid columns."""
+        return self.grid.owner(j % self.grid.rows, j)
+
+    # -- moving state in and out ----------------------------------------------------
+    def scatter_data(self, X, y, *, name: str = "data") -> DataBands:
+        """Scatter the column bands of ``X`` (and of float ``y``) to their workers."""
+        data, where, futures = {}, {}, {}
+        x_bands, x_owners = [], []
+        for j, (c0, c1) in enumerate(self.col_bounds[0]):
+            key = f"{self.prefix}-{name}-X-{j}"
+            data[key] = np.ascontiguousarray(X[:, c0:c1])
+            owner = self.band_owner(j)
+            where.setdefault(owner, []).append(key)
+            x_bands.append(Block(key, data[key].shape))
+            x_owners.append(owner)
+        y_keys = labels = None
+        grid = self.grid
+        if self.settings["loss"] == "cross_entropy":
+            labels = np.asarray(y, dtype=np.int64)
+        else:
+            y_keys = [[None] * grid.cols for _ in range(grid.rows)]
+            for i in range(grid.rows):
+                for j, (c0, c1) in enumerate(self.col_bounds[-1]):
+                    if self.panel_loss and j > 0:
+                        continue
+                    owner = grid.owner(i, j)
+                    tag = "all" if self.panel_loss else j
+                    key = f"{self.prefix}-{name}-y-{tag}-{grid.workers.index(owner)}"
+                    if key not in data:
+                        data[key] = np.ascontiguousarray(y if self.panel_loss else y[:, c0:c1])
+                        where.setdefault(owner, []).append(key)
+                    y_keys[i][j] = key
+        futures = scatter_to(self.client, data, where)
+        return DataBands(x_bands, x_owners, y_keys, labels, X.shape[0], futures)
+
+    def scatter_state(self, model: MLP, velocity, step: int) -> GridState:
+        """Scatter weights, biases and velocities to their cells."""
+        grid = self.grid
+        data, where = {}, {}
+        weights, velocities, biases = [], [], []
+        name = f"{self.prefix}-init{step}"
+        for layer in range(self.n_layers):
+            rows, cols = self.row_bounds[layer], self.col_bounds[layer + 1]
+            shape = model.weights[layer].shape
+            if self.packed:
+                wb, vb = [], []
+                for i, (r0, r1) in enumerate(rows):
+                    wl, vl = [], []
+                    for j, (c0, c1) in enumerate(cols):
+                        key = f"{name}-w{layer}-{i}-{j}"
+                        data[key] = {"w": np.ascontiguousarray(model.weights[layer][r0:r1, c0:c1]),
+                                     "v": np.ascontiguousarray(velocity[2 * layer][r0:r1, c0:c1])}
+                        where.setdefault(grid.owner(i, j), []).append(key)
+                        wl.append(self._packed_block(key, (r1 - r0, c1 - c0), "w"))
+                        vl.append(self._packed_block(key, (r1 - r0, c1 - c0), "v"))
+                    wb.append(wl)
+                    vb.append(vl)
+                mats = [GridMatrix(grid, shape, self.dtype, rows, cols, wb),
+                        GridMatrix(grid, shape, self.dtype, rows, cols, vb)]
+            else:
+                mats = []
+                for kind, array in (("w", model.weights[layer]), ("v", velocity[2 * layer])):
+                    blocks = []
+                    for i, (r0, r1) in enumerate(rows):
+                        line = []
+                        for j, (c0, c1) in enumerate(cols):
+                            key = f"{name}-{kind}{layer}-{i}-{j}"
+                            data[key] = np.ascontiguousarray(array[r0:r1, c0:c1])
+                            where.setdefault(grid.owner(i, j), []).append(key)
+                            line.append(Block(key, (r1 - r0, c1 - c0)))
+                        blocks.append(line)
+                    mats.append(GridMatrix(grid, array.shape, self.dtype, rows, cols, blocks))
+            weights.append(mats[0])
+            velocities.append(mats[1])
+            line = []
+            for j, (c0, c1) in enumerate(cols):
+                key = f"{name}-b{layer}-{j}"
+                data[key] = {"b": model.biases[layer][c0:c1].copy(), "v": velocity[2 * layer + 1][c0:c1].copy()}
+                where.setdefault(grid.owner(0, j), []).append(key)
+                line.append(Block(key, (1, c1 - c0), field="b"))
+            biases.append(line)
+        futures = scatter_to(self.client, data, where)
+        return self._attach(GridState(step, weights, velocities, biases), futures)
+
+    def gather_state(self, state: GridState, like: MLP) -> tuple[MLP, list]:
+        """Weights and velocities as numpy arrays on the client."""
+        values = dict(zip(state.futures, self.client.gather(list(state.futures.values()))))
+        weights, biases, velocity = [], [], []
+        for layer in range(self.n_layers):
+            w = _assemble(state.weights[layer], values)
+            v = _assemble(state.velocities[layer], values)
+            b = np.concatenate([values[blk.key]["b"] for blk in state.biases[layer]])
+            vb = np.concatenate([values[blk.key]["v"] for blk in state.biases[layer]])
+            weights.append(w)
+            biases.append(b)
+            velocity += [v, vb]
+        model = MLP.from_arrays(weights, biases, activation=like.activation, output=like.output,
+                                negative_slope=like.negative_slope)
+        return model, velocity
+
+    @staticmethod
+    def _packed_block(key: str, shape, field: str) -> Block:
+        # the stored dict moves whole: twice the bytes of the block (for the traffic count)
+        return Block(key, shape, field=field, stored=(2 * shape[0], shape[1]))
+
+    def _attach(self, state: GridState, futures: dict) -> GridState:
+        state.futures = {k: futures[k] for k in state.keys()}
+        for mat in state.weights + state.velocities:
+            mat.futures = {k: state.futures[k] for k in mat.keys()}
+        return state
+
+    # -- one training step ------------------------------------------------------------
+    def submit_step(self, state: GridState, data: DataBands, rows: np.ndarray) -> tuple[GridState, list]:
+        """Submit step ``state.step``; returns the new state and the futures carrying the loss."""
+        s = self.settings
+        step = state.step
+        name = f"{self.prefix}-s{step}"
+        builder = GraphBuilder(self.client, name)
+        ledger = TrafficLedger()
+        Z, A0 = self._forward(builder, ledger, state, data, rows, name, with_grad=True)
+        dZ, y_keep = self._loss(builder, ledger, data, rows, Z[-1], name, with_grad=True)
+        act = (s["activation"], s["negative_slope"])
+        new_w, new_v, new_b = [None] * self.n_layers, [None] * self.n_layers, [None] * self.n_layers
+        for layer in range(self.n_layers - 1, -1, -1):
+            W, V = state.weights[layer], state.velocities[layer]
+            A_prev = A0 if layer == 0 else Z[layer - 1].activated(*act)
+            if layer > 0:
+                Zp = Z[layer - 1]
+                dZ_prev = add_product(
+                    builder, dZ, W, name=f"{name}-d{layer}", trans_b=True, out_rows=Zp.row_bounds,
+                    out_cols=Zp.col_bounds, chains=self.chains, epilogue=("act_backward", *act),
+                    extras=lambda i, j, Zp=Zp: [Zp.blocks[i][j].spec(builder.ref(Zp.blocks[i][j].key))],
+                    ledger=ledger,
+                )
+            if self.packed:
+                # the task finishing each weight-gradient block also updates the block: {"w", "v"}
+                P = add_product(
+                    builder, A_prev, dZ, name=f"{name}-g{layer}", trans_a=True, out_rows=W.row_bounds,
+                    out_cols=W.col_bounds, chains=self.chains, epilogue=("sgd", s["lr"], s["momentum"]),
+                    extras=lambda i, j, V=V, W=W: [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key)),
+                                                   W.blocks[i][j].spec(builder.ref(W.blocks[i][j].key))],
+                    ledger=ledger,
+                )
+                for kind, out in (("w", new_w), ("v", new_v)):
+                    blocks = [[self._packed_block(P.blocks[i][j].key, P.blocks[i][j].shape, kind)
+                               for j in range(self.grid.cols)] for i in range(self.grid.rows)]
+                    out[layer] = GridMatrix(self.grid, W.shape, self.dtype, W.row_bounds, W.col_bounds, blocks)
+            else:
+                Vn = add_product(
+                    builder, A_prev, dZ, name=f"{name}-g{layer}", trans_a=True, out_rows=W.row_bounds,
+                    out_cols=W.col_bounds, chains=self.chains, epilogue=("velocity", s["momentum"]),
+                    extras=lambda i, j, V=V: [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key))],
+                    ledger=ledger,
+                )
+                blocks = []
+                for i in range(self.grid.rows):
+                    line = []
+                    for j in range(self.grid.cols):
+                        key = builder.add(f"{name}-w{layer}-{i}-{j}", _kernels.weight_update,
+                                          builder.ref(W.blocks[i][j].key), builder.ref(Vn.blocks[i][j].key),
+                                          s["lr"], owner=self.grid.owner(i, j))
+                        line.append(Block(key, W.blocks[i][j].shape))
+                    blocks.append(line)
+                new_w[layer] = GridMatrix(self.grid, W.shape, self.dtype, W.row_bounds, W.col_bounds, blocks)
+                new_v[layer] = Vn
+            new_b[layer] = self._bias_updates(builder, ledger, state.biases[layer], dZ, layer, name)
+            if layer > 0:
+                dZ = dZ_prev
+        new = GridState(step + 1, new_w, new_v, new_b)
+        futures = builder.submit(new.keys(), keep=[state.futures, data.futures, y_keep])
+        self.ledgers[step] = ledger.bytes
+        new = self._attach(new, futures)
+        loss_futures = [new.futures[blk.key] for blk in new.biases[-1]]
+        return new, loss_futures
+
+    def _forward(self, builder, ledger, state, data, rows, name, *, with_grad: bool):
+        s = self.settings
+        grid = self.grid
+        batch_bounds = split_bounds(len(rows), grid.rows)
+        # the minibatch, cut from the data's column bands where they live
+        blocks, placement = [], []
+        for i, (r0, r1) in enumerate(batch_bounds):
+            line, where = [], []
+            for k, band in enumerate(data.x_bands):
+                key = builder.add(f"{name}-x-{i}-{k}", _kernels.take_rows, builder.ref(band.key), rows[r0:r1],
+                                  owner=data.x_owners[k])
+                line.append(Block(key, (r1 - r0, band.shape[1])))
+                where.append(data.x_owners[k])
+            blocks.append(line)
+            placement.append(where)
+        A = GridMatrix(grid, (len(rows), self.sizes[0]), self.dtype, batch_bounds, self.col_bounds[0], blocks,
+                       placement=placement)
+        A0 = A
+        Z = []
+        for layer in range(self.n_layers):
+            bias = state.biases[layer]
+            if layer == self.n_layers - 1 and not self.panel_loss:
+                # MSE on a linear output: each output block's last task also gives its loss gradient
+                scale = 2.0 / (len(rows) * self.sizes[-1])
+
+                def epilogue(i, j):
+                    r0, r1 = batch_bounds[i]
+                    return ("bias_mse", scale, rows[r0:r1], with_grad)
+
+                def extras(i, j, bias=bias):
+                    return [bias[j].spec(builder.ref(bias[j].key)), builder.ref(data.y_keys[i][j])]
+            else:
+                epilogue = ("bias",)
+
+                def extras(i, j, bias=bias):
+                    return [bias[j].spec(builder.ref(bias[j].key))]
+            Zl = add_product(
+                builder, A, state.weights[layer], name=f"{name}-f{layer}", out_rows=batch_bounds,
+                out_cols=self.col_bounds[layer + 1], chains=self.chains, epilogue=epilogue, extras=extras,
+                ledger=ledger,
+            )
+            for i in range(grid.rows):
+                for j in range(grid.cols):
+                    ledger.fetch(bias[j].key, grid.owner(0, j), grid.owner(i, j),
+                                 2 * bias[j].shape[1] * self.dtype.itemsize)
+            Z.append(Zl)
+            A = Zl.activated(s["activation"], s["negative_slope"])
+        return Z, A0
+
+    def _loss(self, builder, ledger, data, rows, ZL, name, *, with_grad: bool):
+        """Loss partials and ``dZ`` of the output layer; returns (dZ GridMatrix, futures to keep)."""
+        s = self.settings
+        grid = self.grid
+        n_batch, n_out = len(rows), self.sizes[-1]
+        batch_bounds = ZL.row_bounds
+        blocks = []
+        if not self.panel_loss:
+            # computed by the output layer's forward tasks (epilogue "bias_mse")
+            blocks = [[Block(b.key, b.shape, field="g") for b in line] for line in ZL.blocks]
+        else:
+            for i, (r0, r1) in enumerate(batch_bounds):
+                owner = grid.owner(i, 0)
+                z_specs = [ZL.blocks[i][j].spec(builder.ref(ZL.blocks[i][j].key)) for j in range(grid.cols)]
+                for j in range(1, grid.cols):
+                    ledger.fetch(ZL.blocks[i][j].key, grid.owner(i, j), owner,
+                                 int(np.prod(ZL.blocks[i][j].shape)) * self.dtype.itemsize)
+                if s["loss"] == "cross_entropy":
+                    target = data.labels[rows[r0:r1]]
+                else:
+                    target = (builder.ref(data.y_keys[i][0]), rows[r0:r1])
+                key = builder.add(f"{name}-loss-{i}", _kernels.loss_panel, z_specs, target, loss=s["loss"],
+                                  n_batch=n_batch, size=n_batch * n_out, with_grad=with_grad, owner=owner)
+                line = [Block(key, (r1 - r0, c1 - c0), field="g", window=(0, r1 - r0, c0, c1),
+                              stored=(r1 - r0, n_out)) for (c0, c1) in ZL.col_bounds]
+                blocks.append(line)
+        placement = [[grid.owner(i, 0)] * grid.cols for i in range(grid.rows)] if self.panel_loss else None
+        dZ = GridMatrix(grid, ZL.shape, self.dtype, ZL.row_bounds, ZL.col_bounds, blocks, placement=placement)
+        return dZ, data.futures
+
+    def _bias_updates(self, builder, ledger, biases, dZ, layer, name):
+        s = self.settings
+        grid = self.grid
+        last = layer == self.n_layers - 1
+        out = []
+        for j, blk in enumerate(biases):
+            owner = grid.owner(0, j)
+            specs = [dZ.blocks[i][j].spec(builder.ref(dZ.blocks[i][j].key)) for i in range(grid.rows)]
+            for i in range(grid.rows):
+                b = dZ.blocks[i][j]
+                ledger.fetch(b.key, dZ.owner(i, j), owner, int(np.prod(b.stored_shape)) * self.dtype.itemsize)
+            collect = last and (not self.panel_loss or j == 0)
+            key = builder.add(f"{name}-b{layer}-{j}", _kernels.bias_update, builder.ref(blk.key), specs,
+                              s["lr"], s["momentum"], collect, owner=owner)
+            out.append(Block(key, blk.shape, field="b"))
+        return out
+
+    # -- validation on the grid -----------------------------------------------------------
+    def submit_eval(self, state: GridState, data: DataBands, tag: str) -> list:
+        """Forward pass over a whole (validation) set; futures of small dicts with loss partials."""
+        rows = np.arange(data.n_samples)
+        name = f"{self.prefix}-eval{state.step}-{tag}"
+        builder = GraphBuilder(self.client, name)
+        ledger = TrafficLedger()
+        Z, _ = self._forward(builder, ledger, state, data, rows, name, with_grad=False)
+        dZ, _ = self._loss(builder, ledger, data, rows, Z[-1], name, with_grad=False)
+        keys = sorted({b.key for line in dZ.blocks for b in line})
+        futures = builder.submit(keys, keep=[state.futures, data.futures])
+        return [futures[k] for k in keys]
+
+    def eval_values(self, parts: list, n_samples: int) -> dict:
+        """``val_loss`` (and ``val_accuracy``) from the gathered partials of :meth:`submit_eval`."""
+        total = sum(p["loss"] for p in parts)
+        if self.settings["loss"] == "cross_entropy":
+            return {"val_loss": total / n_samples, "val_accuracy": sum(p["correct"] for p in parts) / n_samples}
+        return {"val_loss": total / (n_samples * self.sizes[-1])}
+
+    def loss_value(self, parts: list, n_batch: int) -> float:
+        """The step's mean loss from the last layer's bias dicts."""
+        total = sum(p["loss"] for p in parts if "loss" in p)
+        if self.settings["loss"] == "cross_entropy":
+            return total / n_batch
+        return total / (n_batch * self.sizes[-1])
+
+    def check_finite(self, state: GridState) -> tuple[bool, bool]:
+        """(all weights and biases finite, all velocities finite) of a state, checked where they live."""
+        builder = GraphBuilder(self.client, f"{self.prefix}-finite{state.step}-{uuid.uuid4().hex[:6]}")
+        keys_p, keys_v = [], []
+        for layer in range(self.n_layers):
+            for kind, mat in (("w", state.weights[layer]), ("v", state.velocities[layer])):
+                for i in range(self.grid.rows):
+                    for j in range(self.grid.cols):
+                        blk = mat.blocks[i][j]
+                        k = builder.add(f"{builder.name}-{kind}{layer}-{i}-{j}", _kernels.all_finite,
+                                        blk.spec(builder.ref(blk.key)), owner=self.grid.owner(i, j))
+                        (keys_p if kind == "w" else keys_v).append(k)
+            for j, blk in enumerate(state.biases[layer]):
+                keys_p.append(builder.add(f"{builder.name}-b{layer}-{j}", _kernels.all_finite,
+                                          builder.ref(blk.key), owner=self.grid.owner(0, j)))
+        futures = builder.submit(keys_p + keys_v, keep=state.futures)
+        values = dict(zip(futures, self.client.gather(list(futures.values()))))
+        return all(values[k] for k in keys_p), all(values[k] for k in keys_v)
+
+
+def _assemble(mat: GridMatrix, values: dict) -> np.ndarray:
+    out = np.empty(mat.shape, dtype=mat.dtype)
+    for i, (r0, r1) in enumerate(mat.row_bounds):
+        for j, (c0, c1) in enumerate(mat.col_bounds):
+            blk = mat.blocks[i][j]
+            out[r0:r1, c0:c1] = _kernels.operand(blk.spec(values[blk.key]))
+    return out

@@ -1,0 +1,427 @@
+"""NPTTrainer: network-parallel training of an MLP on a grid of Dask workers."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+
+from daskann._base import BaseTrainer, TrainingDiverged
+from daskann._history import HistoryRecorder
+from daskann._progress import ProgressBar
+from daskann._validation import check_choice, check_float, invalid
+from daskann.nn import MLP, SGD
+from daskann.npt.grid import ProcessGrid, parse_grid
+
+MODES = ("auto", "graph", "resident")
+
+PIPELINES = ("auto", "fused", "single", "double")
+_CHAINS = {"fused": 0, "single": 1, "double": 2}
+
+
+def resident_available() -> bool:
+    """Whether the resident-mode engine can be imported."""
+    try:
+        from daskann.npt import resident  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class NPTTrainer(BaseTrainer):
+    """Network-parallel training: every matrix product by Cannon's algorithm on a worker grid.
+
+    Weights, biases, momentum and activations are cut into blocks that stay on
+    the cells of a ``rows x cols`` grid of Dask workers for the whole run;
+    forward propagation, the loss gradient, backward propagation and the SGD
+    update all run there. The arithmetic is :class:`~daskann.SerialTrainer`'s
+    (same batch order, loss scaling and update), block by block, so float64
+    results agree with it to round-off on any grid.
+
+    Parameters
+    ----------
+    hidden_sizes, activation, output, loss, lr, momentum, batch_size, shuffle, seed, dtype, negative_slope,
+    eval_every, checkpoint_dir, checkpoint_every, verbose
+        As :class:`daskann._base.BaseTrainer`.
+    grid : "auto", "RxC" or (rows, cols)
+        The process grid. ``"auto"`` measures the cluster and takes the grid
+        with the fastest predicted step (``1x1``, a single worker, when no
+        grid pays); see :mod:`daskann.npt.costmodel`.
+    mode : {"auto", "graph", "resident"}
+        ``"graph"``: one Dask task per block product (scales to big blocks,
+        recovers from lost workers by replaying steps). ``"resident"``: one
+        long-lived task per worker that exchanges blocks directly with its
+        neighbours (no scheduler round trip per step; for small blocks).
+        ``"auto"`` picks graph mode when a block product is long enough to
+        hide the scheduler's per-task latency.
+    share_workers : bool
+        Allow a grid with more cells than workers (cells dealt out
+        round-robin); otherwise such a grid is an error.
+    deterministic : bool
+        Refuse clusters whose workers run more than one thread, whose results
+        could depend on timing.
+    pipeline : {"auto", "fused", "single", "double"}
+        Graph mode only: how each output block's Cannon steps become tasks.
+        ``"double"``: a task per block product in two accumulation chains
+        (the next operands travel while the current product runs);
+        ``"single"``: a task per block product in one chain; ``"fused"``: one
+        task per output block running its products in Cannon order.
+        ``"auto"`` picks by the size of a block product.
+    timeout : float
+        Seconds without progress after which training fails (never hangs).
+    client : distributed.Client, optional
+        Default: the current client, or an embedded LocalCluster closed after
+        ``fit``.
+
+    Attributes
+    ----------
+    model_ : MLP
+        The trained network, gathered from the grid at the end.
+    velocity_ : list of ndarray
+        SGD velocity per parameter (``model_.params`` order).
+    history_ : xarray.Dataset
+        Over ``step``: ``loss``, ``time``, ``compute_time``, ``comm_time``,
+        ``bytes_moved`` and, at evaluation steps, ``val_loss`` /
+        ``val_accuracy``.
+    n_steps_ : int
+    batch_order_ : daskann.data.BatchOrder
+    grid_ : ProcessGrid
+        The grid used (after ``"auto"``; after a replay, the new workers).
+    mode_ : str
+        ``"graph"`` or ``"resident"``.
+    plan_ : list of dict or None
+        The cost model's prediction table when anything was ``"auto"``.
+    recoveries_ : int
+        Times training was replayed after losing a worker.
+
+    Examples
+    --------
+    >>> from daskann.data import make_linear
+    >>> X, y = make_linear(256, 8, 2, seed=0)
+    >>> trainer = NPTTrainer((16,), grid="2x2", mode="graph", client=client)  # doctest: +SKIP
+    >>> trainer.fit(X, y, steps=10).grid_                                    # doctest: +SKIP
+    """
+
+    method = "npt"
+
+    def __init__(
+        self,
+        hidden_sizes=(64,),
+        *,
+        activation="relu",
+        output="linear",
+        loss="mse",
+        lr=0.01,
+        momentum=0.0,
+        batch_size=32,
+        shuffle=True,
+        seed=0,
+        dtype="float64",
+        negative_slope=0.01,
+        eval_every=None,
+        checkpoint_dir=None,
+        checkpoint_every=None,
+        verbose=0,
+        grid="auto",
+        mode="auto",
+        share_workers=False,
+        deterministic=True,
+        pipeline="auto",
+        timeout=120.0,
+        client=None,
+    ):
+        super().__init__(
+            hidden_sizes, activation=activation, output=output, loss=loss, lr=lr, momentum=momentum,
+            batch_size=batch_size, shuffle=shuffle, seed=seed, dtype=dtype, negative_slope=negative_slope,
+            eval_every=eval_every, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            verbose=verbose,
+        )
+        self.grid = grid
+        self.mode = mode
+        self.share_workers = share_workers
+        self.deterministic = deterministic
+        self.pipeline = pipeline
+        self.timeout = timeout
+        self.client = client
+
+    # -- checks ---------------------------------------------------------------------
+    def _check_npt(self) -> dict:
+        from distributed import Client
+
+        grid = parse_grid(self.grid)
+        mode = check_choice("mode", self.mode, MODES)
+        pipeline = check_choice("pipeline", self.pipeline, PIPELINES)
+        for name in ("share_workers", "deterministic"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise invalid(name, getattr(self, name), "True or False", TypeError)
+        timeout = check_float("timeout", self.timeout, minimum=0.0, min_inclusive=False)
+        if self.client is not None and not isinstance(self.client, Client):
+            raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
+        if mode == "resident" and not resident_available():
+            raise invalid("mode", mode, "'graph' or 'auto' (the resident engine cannot be imported here)")
+        return {"grid": grid, "mode": mode, "share_workers": bool(self.share_workers),
+                "deterministic": bool(self.deterministic), "timeout": timeout, "pipeline": pipeline}
+
+    def _check_cluster(self, client, npt: dict) -> list[str]:
+        """Worker checks that need the scheduler's view but submit nothing."""
+        from daskann.npt.grid import live_workers, worker_threads
+
+        workers = live_workers(client)
+        if not workers:
+            raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
+        if npt["deterministic"]:
+            threads = worker_threads(client)
+            threaded = {w: threads[w] for w in workers if threads.get(w, 1) > 1}
+            if threaded:
+                w, n = next(iter(threaded.items()))
+                raise invalid(
+                    "deterministic", True,
+                    f"a cluster whose workers run one thread each (worker {w} runs {n}; "
+                    f"{len(threaded)} of {len(workers)} workers are multi-threaded), or deterministic=False",
+                )
+        if npt["grid"] != "auto":
+            ProcessGrid.from_workers(npt["grid"], workers, share_workers=npt["share_workers"])
+        return workers
+
+    # -- training ---------------------------------------------------------------------
+    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, init_model: MLP | None = None,
+            resume=None):
+        """Train on the grid from the initialisation (or ``init_model``, or a checkpoint).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like
+            Float targets for ``"mse"``, integer labels for ``"cross_entropy"``.
+        steps, epochs : int
+            Total training length, exactly one of the two.
+        validation_data : (X_val, y_val), optional
+            Evaluated on the grid at evaluation steps.
+        init_model : MLP, optional
+        resume : path, optional
+            A checkpoint store or run folder, written by any trainer on any
+            grid.
+
+        Returns
+        -------
+        self
+        """
+        settings = self._check_settings()
+        npt = self._check_npt()
+        data = self._check_data(X, y, validation_data, settings, model=init_model)
+        order = self._batch_order(settings, data.n_samples)
+        total = self._check_length(steps, epochs, order.steps_per_epoch)
+        ckpt = self._load_resume(resume, settings, data, order) if resume is not None else None
+        from daskann.cluster import current_client, resolve_client
+
+        with resolve_client(self.client) as client, current_client(client):
+            workers = self._check_cluster(client, npt)
+            # a column band of X per grid column stays on one worker
+            from daskann.cluster import check_worker_memory
+
+            bands = min(npt["grid"][1], len(workers)) if npt["grid"] != "auto" else len(workers)
+            check_worker_memory(client, data.X.nbytes // max(bands, 1), name="X")
+            self._settings, self._data, self.batch_order_, self._npt = settings, data, order, npt
+            history = HistoryRecorder("step")
+            if ckpt is not None:
+                model, velocity, done = ckpt.model, ckpt.velocity, ckpt.step
+                history.extend_from(_previous_history(resume, done))
+            else:
+                model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
+                velocity, done = SGD.init_state(model.params), 0
+            self._setup_grid(client, npt, model.sizes, settings)
+            self._run(client, model, velocity, done, total, history)
+        return self
+
+    def partial_fit(self, X=None, y=None, *, steps=1):
+        """Continue training for ``steps`` more steps on the same grid (same data when X, y are None)."""
+        if not hasattr(self, "model_"):
+            if X is None:
+                raise RuntimeError("partial_fit needs X and y on its first call")
+            return self.fit(X, y, steps=steps)
+        from daskann._validation import check_int
+        from daskann.cluster import current_client, resolve_client
+
+        steps = check_int("steps", steps)
+        settings = self._settings
+        if X is not None:
+            self._data = self._check_data(X, y, self._data.validation, settings, model=self.model_)
+            self.batch_order_ = self._batch_order(settings, self._data.n_samples)
+        history = HistoryRecorder("step")
+        history.extend_from(self.history_)
+        with resolve_client(self.client) as client, current_client(client):
+            from daskann.npt.grid import live_workers
+
+            alive = live_workers(client)
+            if not set(self.grid_.workers) <= set(alive):
+                self.grid_ = ProcessGrid.from_workers(self.grid_.shape, alive, share_workers=True)
+            self._run(client, self.model_, self.velocity_, self.n_steps_, self.n_steps_ + steps, history)
+        return self
+
+    def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
+        from daskann.npt import costmodel
+        from daskann.npt.grid import live_workers
+
+        workers = live_workers(client)
+        itemsize = np.dtype(settings["dtype"]).itemsize
+        batch = settings["batch_size"]
+        available = resident_available()
+        self.plan_ = None
+        self.cost_model_ = None
+        if npt["grid"] == "auto" or npt["mode"] == "auto":
+            model = costmodel.measure(client)
+            self.cost_model_ = model
+            if npt["grid"] == "auto":
+                shape, mode, table = costmodel.choose_grid(
+                    model, sizes, batch, mode=npt["mode"], n_workers=len(workers), resident_available=available,
+                    itemsize=itemsize)
+                self.plan_ = table
+            else:
+                shape = npt["grid"]
+                mode = npt["mode"] if npt["mode"] != "auto" else model.choose_mode(
+                    sizes, batch, shape, resident_available=available, itemsize=itemsize)
+                self.plan_ = model.plan(sizes, batch, n_workers=len(workers), mode=npt["mode"],
+                                        resident_available=available, itemsize=itemsize,
+                                        grids=[tuple(shape)])
+        else:
+            shape, mode = npt["grid"], npt["mode"]
+        self.grid_ = ProcessGrid.from_workers(shape, workers, share_workers=npt["share_workers"])
+        self.mode_ = mode
+        self.recoveries_ = 0
+
+    def _run(self, client, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
+        settings, data, order = self._settings, self._data, self.batch_order_
+        eval_every = settings["eval_every"] or order.steps_per_epoch
+        ckpt_every = settings["checkpoint_every"]
+        eval_steps = frozenset(d for d in range(start + 1, stop + 1) if d % eval_every == 0 or d == stop) \
+            if data.validation is not None else frozenset()
+        ckpt_steps = frozenset(d for d in range(start + 1, stop + 1)
+                               if d == stop or (ckpt_every and d % ckpt_every == 0)) \
+            if self.checkpoint_dir is not None else frozenset()
+        bar = ProgressBar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", enabled=bool(self.verbose))
+        run_id = f"daskann-npt-{uuid.uuid4().hex[:12]}"
+        offset = history.last_value("time", default=0.0)
+        self.model_, self.velocity_ = model, velocity
+        diverged = None
+        try:
+            if self.mode_ == "graph":
+                diverged = self._run_graph(client, model, velocity, start, stop, history, run_id, eval_steps,
+                                           ckpt_steps, bar, offset)
+            else:
+                diverged = self._run_resident(client, model, velocity, start, stop, history, run_id, eval_steps,
+                                              ckpt_steps, bar, offset)
+        finally:
+            self.n_steps_ = history.last_coord(default=start)
+            attrs = self._history_attrs(settings)
+            attrs.update({"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_,
+                          "workers": len(set(self.grid_.workers)), "recoveries": int(self.recoveries_)})
+            if self.mode_ == "graph":
+                attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[self._chains(model.sizes)]
+            self.history_ = history.to_dataset(attrs)
+        if diverged is not None:
+            raise TrainingDiverged(*diverged)
+
+    def _checkpoint_fn(self):
+        settings, order = self._settings, self.batch_order_
+
+        def save(step, model, velocity):
+            self._save_checkpoint(model, velocity, step, order, settings,
+                                  extra={"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_})
+
+        return save
+
+    def _run_graph(self, client, model, velocity, start, stop, history, run_id, eval_steps, ckpt_steps, bar, offset):
+        from daskann.npt._graph_run import train_graph
+
+        settings, data = self._settings, self._data
+        result = train_graph(
+            client, self.grid_, model=model, velocity=velocity, X=data.X, y=data.y, validation=data.validation,
+            order=self.batch_order_, settings=settings, start=start, stop=stop, run_id=run_id,
+            chains=self._chains(model.sizes), timeout=self._npt["timeout"], eval_steps=eval_steps,
+            checkpoint_steps=ckpt_steps, on_checkpoint=self._checkpoint_fn(),
+            progress=lambda done, loss: bar.update(done, loss=loss), time_offset=offset,
+        )
+        for done in sorted(result.rows):
+            history.append(done, **result.rows[done])
+        self.model_, self.velocity_ = result.model, result.velocity
+        self.grid_ = result.grid
+        self.recoveries_ += result.recoveries
+        if result.diverged_step is not None:
+            return result.diverged_step, result.diverged_what
+        return None
+
+    def _chains(self, sizes) -> int:
+        from daskann.npt.costmodel import pipeline_chains
+
+        if self._npt["pipeline"] != "auto":
+            return _CHAINS[self._npt["pipeline"]]
+        return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
+
+    def _run_resident(self, client, model, velocity, start, stop, history, run_id, eval_steps, ckpt_steps, bar,
+                      offset):
+        from daskann.npt.grid import live_workers
+        from daskann.npt.resident import ResidentError, train_resident
+
+        settings, data = self._settings, self._data
+        t0 = time.perf_counter() - offset
+        save = self._checkpoint_fn()
+        bounds = sorted(ckpt_steps | {stop})
+        current = start
+        attempts = 0
+        for seg_stop in bounds:
+            if seg_stop <= current:
+                continue
+            while True:
+                seg_t0 = time.perf_counter()
+                try:
+                    result = train_resident(
+                        client, self.grid_, model=model, velocity=velocity, X=data.X, y=data.y,
+                        order=self.batch_order_, settings=settings, start=current, stop=seg_stop,
+                        run_id=f"{run_id}-r{attempts}", timeout=self._npt["timeout"],
+                        eval_fn=(lambda d: d in eval_steps) if eval_steps else None,
+                    )
+                    break
+                except ResidentError:
+                    alive = set(live_workers(client))
+                    if set(self.grid_.workers) <= alive or attempts >= 2:
+                        raise
+                    # a worker left: restart this stretch from its starting state on the workers there are
+                    attempts += 1
+                    self.recoveries_ += 1
+                    from daskann.npt._graph_run import _regrid
+
+                    self.grid_ = _regrid(client, self.grid_, self._npt["timeout"])
+            elapsed = time.perf_counter() - seg_t0
+            busy = sum(r["compute_time"] + r["comm_time"] for r in result.rows) or 1.0
+            clock = seg_t0 - t0
+            for k, row in enumerate(result.rows):
+                done = current + k + 1
+                clock += (row["compute_time"] + row["comm_time"]) * elapsed / busy
+                values = {"loss": row["loss"], "time": clock, "compute_time": row["compute_time"],
+                          "comm_time": row["comm_time"], "bytes_moved": float(row["bytes_moved"])}
+                if done in result.snapshots:
+                    values.update(self._evaluate(result.snapshots[done], data.validation, settings["loss"]))
+                history.append(done, **values)
+                bar.update(done, loss=row["loss"])
+            model, velocity = result.model, result.velocity
+            self.model_, self.velocity_ = model, velocity
+            if result.diverged_step is not None:
+                return result.diverged_step, "the loss, its gradients or the weights"
+            current = seg_stop
+            if seg_stop in ckpt_steps:
+                save(seg_stop, model, velocity)
+        return None
+
+
+def _previous_history(resume, upto: int):
+    """History saved in a resumed run folder, up to the checkpoint's step (None if there is none)."""
+    from pathlib import Path
+
+    from daskann import store
+
+    path = Path(resume) / "history.zarr"
+    if not path.exists():
+        return None
+    history = store.load_history(path)
+    return history.sel(step=history["step"] <= upto)

@@ -1,0 +1,573 @@
+"""PartitionTrainer: k sub-models as futures, merged on the client, then fine-tuned."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from daskann import store
+from daskann._base import BaseTrainer
+from daskann._history import HistoryRecorder
+from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann.cluster import current_client
+from daskann.nn import MLP
+from daskann.partition.diversity import submodel_diversity
+from daskann.partition.merge import check_combine, check_noise, merge_submodels
+from daskann.partition.split import Partition, check_hidden_k, split_network
+from daskann.partition.submodels import (
+    SHARED_SETTINGS,
+    SubModelError,
+    SubModelSpec,
+    merge_seed,
+    run_submodels,
+    submodel_dir,
+    submodel_seeds,
+)
+
+MODES = ("parallel", "sequential")
+SUB_TRAINERS = ("serial", "npt")
+PHASES = ("submodel", "merge", "finetune")
+_STATE = "partition"  # folder of a run's partition state
+
+
+class PartitionTrainer(BaseTrainer):
+    """Partitioned pre-training (Miranda and Von Zuben, arXiv:1511.02954).
+
+    Each hidden layer's units are cut into ``k`` groups; sub-model ``g`` is
+    the network made of group ``g`` of every hidden layer with the full input
+    and output layers. The ``k`` sub-models train independently, as one Dask
+    future each (``mode="parallel"``) or one after another
+    (``mode="sequential"``), each from its own seed derived from ``seed``.
+    The client merges them into the block-diagonal initialisation of the full
+    network (:func:`daskann.partition.merge_submodels`: cross-group weights
+    zero, output layer combined by ``combine``, uniform noise, momentum reset
+    to zero) and fine-tunes it with the serial trainer.
+
+    Parameters
+    ----------
+    hidden_sizes : sequence of int
+        Hidden widths of the full network; each must have at least ``k`` units.
+    activation, output, loss, lr, momentum, batch_size, shuffle, seed, dtype, negative_slope, eval_every, verbose
+        As :class:`daskann.SerialTrainer`; sub-models and fine-tuning share them.
+    checkpoint_dir : path, optional
+        Run folder: fine-tuning checkpoints in ``checkpoints/`` (as the serial
+        trainer), each sub-model's checkpoints and history in
+        ``partition/submodel-<g>/``, the merge record in ``partition/``.
+        ``fit(resume=...)`` skips finished sub-models and continues the
+        unfinished ones and the fine-tuning from their last checkpoints.
+    checkpoint_every : int, optional
+    k : int
+        Number of sub-models, from 2 to the narrowest hidden layer.
+    combine : {"mean", "sum"}
+        Output layer of the merge: the mean (weights over ``k``, mean of the
+        biases) or the sum of the sub-models' logits.
+    noise : float
+        Uniform merge noise relative to each parameter array's largest
+        absolute value (the paper uses 0.02); 0 for an exact merge.
+    sub_steps, sub_epochs : int, optional
+        Training length of each sub-model (at most one of the two); by default
+        as long as the fine-tuning.
+    mode : {"parallel", "sequential"}
+        Sub-models all at once (one future each) or one after another.
+    sub_trainer : {"serial", "npt"}
+        Trainer of the sub-models: the serial trainer inside one task per
+        sub-model, or :class:`daskann.NPTTrainer`, which spreads each
+        sub-model over every worker (so it needs ``mode="sequential"``).
+    finetune_trainer : {"serial", "npt"}, optional
+        Trainer of the merged network; ``None`` means as ``sub_trainer``.
+    npt_options : dict, optional
+        Extra keyword arguments of :class:`daskann.NPTTrainer`.
+    retries : int
+        Extra attempts of a sub-model task that raises (a worker that dies
+        is handled by the scheduler, which reruns the task elsewhere).
+    timeout : float
+        Seconds the sub-model phase may take before it is cancelled.
+    client : distributed.Client, optional
+        Default: the current client, else an embedded LocalCluster.
+
+    Attributes
+    ----------
+    model_ : MLP
+        The fine-tuned full network.
+    merged_model_ : MLP
+        The merged network before fine-tuning.
+    submodels_ : list of MLP
+        The trained sub-models (``None`` for one that failed).
+    submodel_results_ : list of SubModelResult
+        Sub-models with worker, wall-clock start and stop, and history.
+    submodel_history_ : xarray.Dataset
+        Sub-model histories over ``(submodel, step)``.
+    history_ : xarray.Dataset
+        The run's timeline over ``step``, with ``phase`` ("submodel",
+        "merge", "finetune") and ``phase_step`` (the step within its phase).
+        Rows ``1..S`` summarise the sub-models (mean loss and validation
+        figures; ``time`` when every sub-model had done that step), row
+        ``S + 1`` is the merged network, rows ``S + 1 + j`` are fine-tuning
+        step ``j``. ``time`` counts from the start of the fit.
+    diversity_ : dict
+        Pairwise diversity of the sub-models on the validation data (see
+        :func:`daskann.partition.submodel_diversity`); ``None`` without
+        validation data.
+    timings_ : dict
+        Seconds per phase: ``submodel`` (wall time of the futures, data
+        scatter included), ``merge``, ``finetune``, ``total``;
+        ``submodel_each`` (training time of each sub-model) and the CPU time
+        of the training threads, ``submodel_cpu_each`` and ``finetune_cpu``
+        (what the phases cost without other load on the machine).
+    partition_ : Partition
+    seeds_ : list of int
+        The sub-models' seeds.
+    sub_steps_ : int
+        Training steps of each sub-model.
+    velocity_, n_steps_, batch_order_
+        Optimiser state, fine-tuning steps and batch order of the full network.
+
+    Examples
+    --------
+    >>> from daskann.data import load_digits
+    >>> X, y = load_digits()
+    >>> trainer = PartitionTrainer((64, 64), loss="cross_entropy", lr=0.1, momentum=0.9, k=2)
+    >>> trainer.fit(X, y, steps=100, validation_data=(X, y))  # doctest: +SKIP
+    """
+
+    method = "partition"
+
+    def __init__(
+        self,
+        hidden_sizes=(64,),
+        *,
+        activation="relu",
+        output="linear",
+        loss="mse",
+        lr=0.01,
+        momentum=0.0,
+        batch_size=32,
+        shuffle=True,
+        seed=0,
+        dtype="float64",
+        negative_slope=0.01,
+        eval_every=None,
+        checkpoint_dir=None,
+        checkpoint_every=None,
+        verbose=0,
+        k=2,
+        combine="mean",
+        noise=0.02,
+        sub_steps=None,
+        sub_epochs=None,
+        mode="parallel",
+        sub_trainer="serial",
+        finetune_trainer=None,
+        npt_options=None,
+        retries=2,
+        timeout=3600.0,
+        client=None,
+    ):
+        super().__init__(
+            hidden_sizes, activation=activation, output=output, loss=loss, lr=lr, momentum=momentum,
+            batch_size=batch_size, shuffle=shuffle, seed=seed, dtype=dtype, negative_slope=negative_slope,
+            eval_every=eval_every, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            verbose=verbose,
+        )
+        self.k = k
+        self.combine = combine
+        self.noise = noise
+        self.sub_steps = sub_steps
+        self.sub_epochs = sub_epochs
+        self.mode = mode
+        self.sub_trainer = sub_trainer
+        self.finetune_trainer = finetune_trainer
+        self.npt_options = npt_options
+        self.retries = retries
+        self.timeout = timeout
+        self.client = client
+
+    # -- checks -------------------------------------------------------------
+    def _check_settings(self) -> dict:
+        s = super()._check_settings()
+        s["k"] = check_hidden_k(self.k, s["hidden_sizes"])
+        s["combine"] = check_combine(self.combine)
+        s["noise"] = check_noise(self.noise)
+        s["mode"] = check_choice("mode", self.mode, MODES)
+        s["sub_trainer"] = check_choice("sub_trainer", self.sub_trainer, SUB_TRAINERS)
+        s["finetune_trainer"] = (
+            s["sub_trainer"] if self.finetune_trainer is None
+            else check_choice("finetune_trainer", self.finetune_trainer, SUB_TRAINERS)
+        )
+        if self.sub_steps is not None and self.sub_epochs is not None:
+            raise invalid("sub_steps/sub_epochs", (self.sub_steps, self.sub_epochs), "at most one of the two")
+        s["sub_steps"] = None if self.sub_steps is None else check_int("sub_steps", self.sub_steps)
+        s["sub_epochs"] = None if self.sub_epochs is None else check_int("sub_epochs", self.sub_epochs)
+        s["retries"] = check_int("retries", self.retries, minimum=0)
+        s["timeout"] = check_float("timeout", self.timeout, minimum=0.0, min_inclusive=False)
+        if self.npt_options is not None and not isinstance(self.npt_options, dict):
+            raise invalid("npt_options", self.npt_options, "a dict of NPTTrainer keyword arguments or None", TypeError)
+        if self.client is not None:
+            from distributed import Client
+
+            if not isinstance(self.client, Client):
+                raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
+        for name in ("sub_trainer", "finetune_trainer"):
+            if s[name] == "npt":
+                _npt_trainer_class(name)  # fails here, before any task, if it is missing
+        if s["sub_trainer"] == "npt" and s["mode"] == "parallel":
+            raise invalid("mode", s["mode"], "'sequential' with sub_trainer='npt': an NPT sub-model already "
+                          "spreads over every worker, so NPT sub-models run one after another")
+        return s
+
+    def _training_config(self, settings) -> dict:
+        config = super()._training_config(settings)
+        config.update({"k": settings["k"], "combine": settings["combine"], "noise": settings["noise"]})
+        return config
+
+    def _history_attrs(self, settings) -> dict:
+        attrs = super()._history_attrs(settings)
+        attrs.pop("timeout", None)
+        return attrs
+
+    # -- training -----------------------------------------------------------
+    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, resume=None):
+        """Train the sub-models, merge them and fine-tune the full network.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like
+            Float targets for ``"mse"``, integer labels for ``"cross_entropy"``.
+        steps, epochs : int
+            Fine-tuning length, exactly one of the two (also the sub-models'
+            length unless ``sub_steps`` or ``sub_epochs`` is set).
+        validation_data : (X_val, y_val), optional
+            Evaluated every ``eval_every`` steps in every phase; the sub-models'
+            diversity is measured on it.
+        resume : path, optional
+            A run folder written with ``checkpoint_dir``: finished sub-models
+            are loaded, unfinished ones and the fine-tuning continue.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        SubModelError
+            A sub-model failed for good; the others are kept in ``submodels_``.
+        """
+        settings, data, total, sub_total, partition, run_dir = self._prepare(
+            X, y, steps, epochs, validation_data, resume, fine_tune=True
+        )
+        from daskann.cluster import resolve_client
+
+        t_start = time.perf_counter()
+        wall_start = time.time()
+        with resolve_client(self.client) as client:
+            results = self._train_submodels(client, settings, data, partition, sub_total, run_dir)
+            t_sub = time.perf_counter()
+            self.timings_["submodel"] = t_sub - t_start
+            merged = merge_submodels(
+                partition, [r.model for r in results], combine=settings["combine"], noise=settings["noise"],
+                seed=merge_seed(settings["seed"]),
+            )
+            self.merged_model_ = merged.copy()
+            self.timings_["merge"] = time.perf_counter() - t_sub
+            merge_values = self._evaluate(merged, data.validation, settings["loss"])
+            self._record_pretrain(results, merge_values, wall_start, sub_total)
+            self._finetune_offset = time.perf_counter() - t_start
+            t_fine, c_fine = time.perf_counter(), time.thread_time()
+            self._finetune(client, settings, data, merged, total, run_dir)
+        self.timings_["finetune"] = time.perf_counter() - t_fine
+        self.timings_["finetune_cpu"] = time.thread_time() - c_fine
+        self.timings_["total"] = time.perf_counter() - t_start
+        self._measure_diversity(settings, data)
+        self.history_.attrs.update(self._run_attrs())
+        return self
+
+    def fit_submodels(self, X, y, *, steps=None, epochs=None, validation_data=None):
+        """Only the first phase: train the ``k`` sub-models, without merging or fine-tuning.
+
+        Sets ``submodels_``, ``submodel_results_``, ``submodel_history_``,
+        ``diversity_``, ``partition_``, ``seeds_`` and ``timings_["submodel"]``;
+        :func:`daskann.partition.merge_submodels` merges the result.
+
+        Parameters
+        ----------
+        X, y, validation_data
+            As :meth:`fit`.
+        steps, epochs : int, optional
+            Length of each sub-model; by default ``sub_steps`` or ``sub_epochs``.
+
+        Returns
+        -------
+        self
+        """
+        settings, data, _, sub_total, partition, run_dir = self._prepare(
+            X, y, steps, epochs, validation_data, None, fine_tune=False
+        )
+        from daskann.cluster import resolve_client
+
+        t_start = time.perf_counter()
+        with resolve_client(self.client) as client:
+            self._train_submodels(client, settings, data, partition, sub_total, run_dir)
+        self.timings_["submodel"] = time.perf_counter() - t_start
+        self._measure_diversity(settings, data)
+        return self
+
+    def _prepare(self, X, y, steps, epochs, validation_data, resume, *, fine_tune: bool):
+        """Every check, before any task: settings, data, lengths, split, run folder."""
+        settings = self._check_settings()
+        data = self._check_data(X, y, validation_data, settings)
+        order = self._batch_order(settings, data.n_samples)
+        total = None
+        if fine_tune:
+            total = self._check_length(steps, epochs, order.steps_per_epoch)
+            if settings["sub_epochs"] is not None:
+                sub_total = settings["sub_epochs"] * order.steps_per_epoch
+            else:
+                sub_total = settings["sub_steps"] or total
+        elif steps is not None or epochs is not None:
+            sub_total = self._check_length(steps, epochs, order.steps_per_epoch)
+        elif settings["sub_steps"] is not None or settings["sub_epochs"] is not None:
+            sub_total = settings["sub_steps"] or settings["sub_epochs"] * order.steps_per_epoch
+        else:
+            raise invalid("steps/epochs", (steps, epochs), "one of them, or sub_steps or sub_epochs set on the trainer")
+        partition = split_network((data.n_features, *settings["hidden_sizes"], data.n_outputs), settings["k"])
+        run_dir = self._check_run_dir(resume, settings, partition, sub_total)
+        self._settings, self._data, self.batch_order_ = settings, data, order
+        self.partition_ = partition
+        self.sub_steps_ = sub_total
+        self.seeds_ = submodel_seeds(settings["seed"], partition.k)
+        self.timings_ = {}
+        for name in ("model_", "submodels_", "submodel_results_", "submodel_history_", "diversity_",
+                     "merged_model_", "history_"):
+            self.__dict__.pop(name, None)
+        return settings, data, total, sub_total, partition, run_dir
+
+    def _measure_diversity(self, settings, data) -> None:
+        # measured after the timeline: diversity is a report, not part of the method's cost
+        self.diversity_ = None
+        if data.validation is not None:
+            task = "classification" if settings["loss"] == "cross_entropy" else "regression"
+            self.diversity_ = submodel_diversity(self.submodels_, data.validation[0], task=task)
+
+    def _check_run_dir(self, resume, settings, partition: Partition, sub_total: int) -> Path | None:
+        """Validate ``resume`` and prepare the partition state folder (no task runs yet)."""
+        record = {"partition": partition.to_dict(), "combine": settings["combine"], "noise": settings["noise"],
+                  "seed": settings["seed"], "sub_steps": sub_total, "sub_trainer": settings["sub_trainer"]}
+        if resume is not None:
+            if not isinstance(resume, (str, Path)):
+                raise invalid("resume", resume, "a run folder path", TypeError)
+            run_dir = Path(resume)
+            if self.checkpoint_dir is not None and Path(self.checkpoint_dir).resolve() != run_dir.resolve():
+                raise invalid("resume", str(resume), f"the run folder checkpoint_dir={str(self.checkpoint_dir)!r}")
+            config = run_dir / _STATE / "config.json"
+            if not config.is_file():
+                raise store.StoreError(
+                    f"resume={str(resume)!r} is not a partition run folder (no {_STATE}/config.json)")
+            found = json.loads(config.read_text())
+            if found != record:
+                changed = sorted(key for key in record if found.get(key) != record[key])
+                raise store.StoreError(
+                    f"resume={str(resume)!r} was run with other settings: {', '.join(changed)} differ")
+            return run_dir
+        if self.checkpoint_dir is None:
+            return None
+        run_dir = Path(self.checkpoint_dir)
+        if (run_dir / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(run_dir):
+            raise invalid("checkpoint_dir", str(run_dir), "a folder without checkpoints (pass resume to continue it)")
+        # a fresh run: stale sub-model checkpoints must not be resumed by the tasks
+        shutil.rmtree(run_dir / _STATE, ignore_errors=True)
+        (run_dir / _STATE).mkdir(parents=True, exist_ok=True)
+        tmp = store.temporary_sibling(run_dir / _STATE / "config.json")
+        tmp.write_text(json.dumps(record, indent=2))
+        tmp.replace(run_dir / _STATE / "config.json")
+        return run_dir
+
+    def _train_submodels(self, client, settings, data, partition, sub_total, run_dir):
+        shared = {name: settings[name] for name in SHARED_SETTINGS}
+        shared["dtype"] = settings["dtype"].name
+        specs = [
+            SubModelSpec(
+                index=g, hidden_sizes=partition.submodel_sizes(g)[1:-1], seed=self.seeds_[g], settings=shared,
+                steps=sub_total,
+                checkpoint_dir=None if run_dir is None else str(submodel_dir(run_dir, g)),
+                checkpoint_every=settings["checkpoint_every"],
+            )
+            for g in range(partition.k)
+        ]
+        prefix = f"daskann-partition-{uuid.uuid4().hex[:12]}"
+        self.run_prefix_ = prefix
+        if settings["sub_trainer"] == "npt":
+            from daskann.partition.npt import run_npt_submodels
+
+            results, failed = run_npt_submodels(
+                client, specs, data, retries=settings["retries"], npt_options=self.npt_options or {},
+            )
+        else:
+            from daskann.cluster import check_worker_memory
+
+            validation = data.validation
+            # every worker gets all of the data: refuse before scattering if it cannot hold it
+            check_worker_memory(client, data.X.nbytes + data.y.nbytes
+                                + sum(a.nbytes for a in (validation or ())), name="X")
+            # the data goes to every worker once: tasks get futures, never closures over arrays
+            scattered = []
+
+            def scatter():
+                X_f, y_f = client.scatter([data.X, data.y], broadcast=True, hash=False)
+                val_f = None if validation is None else tuple(client.scatter(list(validation), broadcast=True,
+                                                                             hash=False))
+                scattered.extend([X_f, y_f, *(val_f or ())])
+                return X_f, y_f, val_f
+
+            try:
+                results, failed = run_submodels(
+                    client, specs, scatter(), mode=settings["mode"], prefix=prefix,
+                    retries=settings["retries"], timeout=settings["timeout"], rescatter=scatter,
+                )
+            finally:
+                client.cancel(scattered)
+        self.submodel_results_ = results
+        self.submodels_ = [None if r is None else r.model for r in results]
+        self.timings_["submodel_each"] = [None if r is None else r.seconds for r in results]
+        self.timings_["submodel_cpu_each"] = [None if r is None else r.cpu_seconds for r in results]
+        if failed:
+            raise SubModelError(failed, results, attempts=settings["retries"] + 1)
+        self.submodel_history_ = xr.concat(
+            [r.history for r in results], dim="submodel", join="outer", combine_attrs="drop_conflicts"
+        ).assign_coords(submodel=np.arange(partition.k))
+        return results
+
+    def _record_pretrain(self, results, merge_values, wall_start, sub_total):
+        """Rows of the sub-model phase (summaries over sub-models) and of the merge."""
+        recorder = HistoryRecorder("step")
+        steps = np.arange(1, sub_total + 1)
+        stacks = {}
+        for name in ("loss", "time", "val_loss", "val_accuracy"):
+            columns = []
+            for r in results:
+                h = r.history
+                values = np.full(sub_total, np.nan)
+                if name in h:
+                    where = h["step"].values.astype(np.int64) - 1
+                    ok = (where >= 0) & (where < sub_total)
+                    values[where[ok]] = h[name].values[ok]
+                if name == "time":
+                    # the worker's clock: when this sub-model had done the step, from the fit's start
+                    offset = min(max(r.started - wall_start, 0.0), self.timings_["submodel"])
+                    values = values + offset
+                columns.append(values)
+            stacks[name] = np.vstack(columns)
+        times = _nan_reduce(stacks["time"], np.max)
+        for i, step in enumerate(steps):
+            row = {"phase": "submodel", "phase_step": int(step), "loss": _nan_reduce(stacks["loss"][:, i], np.mean),
+                   "time": times[i]}
+            for name in ("val_loss", "val_accuracy"):
+                value = _nan_reduce(stacks[name][:, i], np.mean)
+                if not math.isnan(value):
+                    row[name] = value
+            recorder.append(int(step), **row)
+        # the merged network exists once the merge is done; its evaluation is not part of the merge
+        recorder.append(sub_total + 1, phase="merge", phase_step=0,
+                        time=self.timings_["submodel"] + self.timings_["merge"], **merge_values)
+        self._pretrain = recorder
+        self._pretrain_steps = sub_total + 1
+
+    def _finetune(self, client, settings, data, merged: MLP, total, run_dir):
+        trainer = self._make_finetuner(client, settings, run_dir)
+        resume = None
+        if run_dir is not None and store.list_checkpoints(run_dir):
+            resume = store.find_checkpoint(run_dir)  # a checkpoint store: its own history is not replayed
+        try:
+            # the NPT engine looks for the current client in places; make it this one
+            with current_client(client):
+                if resume is not None:
+                    trainer.fit(data.X, data.y, steps=total, validation_data=data.validation, resume=resume)
+                else:
+                    trainer.fit(data.X, data.y, steps=total, validation_data=data.validation, init_model=merged)
+        finally:
+            self._finetuner = trainer
+            if hasattr(trainer, "model_"):
+                self.model_, self.velocity_ = trainer.model_, trainer.velocity_
+                self.n_steps_ = trainer.n_steps_
+                self.history_ = self._timeline(trainer.history_, self._finetune_offset)
+
+    def _make_finetuner(self, client, settings, run_dir):
+        kwargs = {name: settings[name] for name in SHARED_SETTINGS}
+        kwargs.update(dtype=settings["dtype"].name, seed=settings["seed"], verbose=self.verbose,
+                      checkpoint_dir=run_dir, checkpoint_every=settings["checkpoint_every"])
+        if settings["finetune_trainer"] == "npt":
+            npt_class = _npt_trainer_class("finetune_trainer")
+            return npt_class(settings["hidden_sizes"], client=client, **kwargs, **(self.npt_options or {}))
+        from daskann.serial import SerialTrainer
+
+        return SerialTrainer(settings["hidden_sizes"], **kwargs)
+
+    def _timeline(self, finetune_history: xr.Dataset, offset: float) -> xr.Dataset:
+        recorder = HistoryRecorder("step")
+        for coord, row in zip(self._pretrain._coords, self._pretrain._rows):
+            recorder.append(coord, **row)
+        names = [n for n in finetune_history.data_vars if n != "phase"]
+        for i, step in enumerate(finetune_history["step"].values):
+            row = {"phase": "finetune", "phase_step": int(step)}
+            for name in names:
+                value = finetune_history[name].values[i].item()
+                if isinstance(value, float) and math.isnan(value):
+                    continue
+                row[name] = value + offset if name == "time" else value
+            recorder.append(self._pretrain_steps + int(step), **row)
+        attrs = self._history_attrs(self._settings)
+        ds = recorder.to_dataset(attrs)
+        ds["phase"].attrs.update(long_name="training phase", flag_values=" ".join(PHASES))
+        ds["phase_step"] = ds["phase_step"].astype(np.int64)
+        ds["phase_step"].attrs.update(long_name="step within the phase", units="1")
+        return ds
+
+    def _run_attrs(self) -> dict:
+        attrs = {f"time_{name}": float(value) for name, value in self.timings_.items() if not name.endswith("_each")}
+        attrs["submodel_seeds"] = list(self.seeds_)
+        attrs["submodel_sizes"] = [list(s) for s in self.partition_.submodels]
+        counts = self.partition_.parameter_counts()
+        attrs["parameters_full"] = counts["full"]
+        attrs["parameters_submodel"] = counts["largest_submodel"]
+        if self.diversity_ is not None:
+            attrs["diversity_representation"] = self.diversity_["representation"]
+            attrs["diversity_disagreement"] = self.diversity_["disagreement"]
+        return attrs
+
+    def partial_fit(self, X=None, y=None, *, steps=1):
+        """Fine-tune the full network for ``steps`` more steps (same data when X, y are None)."""
+        self._check_fitted()
+        trainer = self._finetuner
+        trainer.partial_fit(X, y, steps=steps)
+        self.model_, self.velocity_, self.n_steps_ = trainer.model_, trainer.velocity_, trainer.n_steps_
+        self.history_ = self._timeline(trainer.history_, self._finetune_offset)
+        self.history_.attrs.update(self._run_attrs())
+        return self
+
+
+def _nan_reduce(values: np.ndarray, reduce):
+    """``reduce`` over the finite entries along axis 0 (NaN where none), without warnings."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 1:
+        finite = values[~np.isnan(values)]
+        return float(reduce(finite)) if finite.size else float("nan")
+    return np.array([_nan_reduce(values[:, i], reduce) for i in range(values.shape[1])])
+
+
+def _npt_trainer_class(name: str):
+    """:class:`daskann.NPTTrainer`, imported on first use (``name``: the parameter asking for it)."""
+    try:
+        from daskann.npt import NPTTrainer
+    except ImportError as exc:
+        raise invalid(name, "npt", f"'serial': the NPT trainer cannot be imported here ({exc})") from exc
+    return NPTTrainer
+
+
+__all__ = ["PHASES", "PartitionTrainer", "SubModelError"]

@@ -1,0 +1,186 @@
+"""The reference trainer: plain minibatch SGD in one process."""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from daskann import store
+from daskann._base import BaseTrainer, TrainingDiverged
+from daskann._history import HistoryRecorder
+from daskann._validation import check_int
+from daskann._progress import ProgressBar
+from daskann.nn import MLP, SGD
+
+
+class SerialTrainer(BaseTrainer):
+    """Minibatch SGD with momentum in one process, numpy only.
+
+    The reference every parallel trainer is tested against. Takes the settings
+    of :class:`daskann._base.BaseTrainer`.
+
+    Attributes
+    ----------
+    model_ : MLP
+        The trained network.
+    velocity_ : list of ndarray
+        SGD velocity per parameter (``model_.params`` order).
+    history_ : xarray.Dataset
+        Over ``step`` (updates completed): ``loss`` of the step's minibatch
+        (before its update), ``time`` since training started, and
+        ``val_loss`` / ``val_accuracy`` at evaluation steps.
+    n_steps_ : int
+        Training steps completed.
+    batch_order_ : daskann.data.BatchOrder
+
+    Examples
+    --------
+    >>> from daskann.data import make_linear
+    >>> X, y = make_linear(256, 8, 2, seed=0)
+    >>> trainer = SerialTrainer((16,), lr=0.05, batch_size=32).fit(X, y, steps=20)
+    >>> trainer.history_.sizes["step"]
+    20
+    """
+
+    method = "serial"
+
+    def __init__(
+        self,
+        hidden_sizes=(64,),
+        *,
+        activation="relu",
+        output="linear",
+        loss="mse",
+        lr=0.01,
+        momentum=0.0,
+        batch_size=32,
+        shuffle=True,
+        seed=0,
+        dtype="float64",
+        negative_slope=0.01,
+        eval_every=None,
+        checkpoint_dir=None,
+        checkpoint_every=None,
+        verbose=0,
+        blas_threads=1,
+    ):
+        super().__init__(
+            hidden_sizes, activation=activation, output=output, loss=loss, lr=lr, momentum=momentum,
+            batch_size=batch_size, shuffle=shuffle, seed=seed, dtype=dtype, negative_slope=negative_slope,
+            eval_every=eval_every, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            verbose=verbose,
+        )
+        self.blas_threads = blas_threads
+
+    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, init_model: MLP | None = None, resume=None):
+        """Train from the initialisation (or ``init_model``, or a checkpoint).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like
+            Float targets for ``"mse"``, integer labels for ``"cross_entropy"``.
+        steps, epochs : int
+            Total training length, exactly one of the two. With ``resume``
+            this counts the steps already done.
+        validation_data : (X_val, y_val), optional
+        init_model : MLP, optional
+            Start from these weights instead of a seeded initialisation.
+        resume : path, optional
+            A checkpoint store or a run folder to continue from.
+
+        Returns
+        -------
+        self
+        """
+        settings = self._check_settings()
+        if self.blas_threads is not None:
+            check_int("blas_threads", self.blas_threads)
+        data = self._check_data(X, y, validation_data, settings, model=init_model)
+        order = self._batch_order(settings, data.n_samples)
+        total = self._check_length(steps, epochs, order.steps_per_epoch)
+        self._settings, self._data, self.batch_order_ = settings, data, order
+        history = HistoryRecorder("step")
+        if resume is not None:
+            ckpt = self._load_resume(resume, settings, data, order)
+            model, velocity, done = ckpt.model, ckpt.velocity, ckpt.step
+            history.extend_from(_previous_history(resume, done))
+        else:
+            model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
+            velocity, done = SGD.init_state(model.params), 0
+        self._run(model, velocity, done, total, history)
+        return self
+
+    def partial_fit(self, X=None, y=None, *, steps=1):
+        """Continue training for ``steps`` more steps (same data when X, y are None)."""
+        if not hasattr(self, "model_"):
+            if X is None:
+                raise RuntimeError("partial_fit needs X and y on its first call")
+            return self.fit(X, y, steps=steps)
+        settings = self._settings
+        if X is not None:
+            self._data = self._check_data(X, y, self._data.validation, settings, model=self.model_)
+            self.batch_order_ = self._batch_order(settings, self._data.n_samples)
+        history = HistoryRecorder("step")
+        history.extend_from(self.history_)
+        self._run(self.model_, self.velocity_, self.n_steps_, self.n_steps_ + steps, history)
+        return self
+
+    def _run(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
+        settings = self._settings
+        try:
+            # overflow is caught below and reported as divergence, not as numpy warnings
+            limits = threadpool_limits(self.blas_threads, user_api="blas") if self.blas_threads else nullcontext()
+            with self._run_lock(), limits, np.errstate(over="ignore", invalid="ignore"):
+                self._steps(model, velocity, start, stop, history)
+        finally:
+            # also on divergence: keep the last finite state and the history so far
+            self.model_, self.velocity_ = model, velocity
+            self.n_steps_ = history.last_coord(default=start)
+            self.history_ = history.to_dataset(self._history_attrs(settings))
+
+    def _steps(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
+        settings, data, order = self._settings, self._data, self.batch_order_
+        optimizer = SGD(settings["lr"], settings["momentum"])
+        params = model.params
+        backup = [np.empty_like(a) for a in params + velocity]
+        eval_every = settings["eval_every"] or order.steps_per_epoch
+        ckpt_every = settings["checkpoint_every"]
+        t0 = time.perf_counter() - history.last_value("time", default=0.0)
+        bar = ProgressBar(stop, "serial", enabled=bool(self.verbose))
+        for step in range(start, stop):
+            rows = order.indices(step)
+            value, grad_w, grad_b = model.loss_and_gradients(data.X[rows], data.y[rows], settings["loss"])
+            grads = [g for pair in zip(grad_w, grad_b) for g in pair]
+            if not np.isfinite(value) or not all(np.isfinite(g).all() for g in grads):
+                raise TrainingDiverged(step + 1, "the loss or its gradients")
+            for dst, src in zip(backup, params + velocity):
+                np.copyto(dst, src)
+            optimizer.step(params, grads, velocity)
+            if not all(np.isfinite(p).all() for p in params):
+                for dst, src in zip(params + velocity, backup):
+                    np.copyto(dst, src)
+                raise TrainingDiverged(step + 1, "the weights")
+            done = step + 1
+            row = {"loss": value, "time": time.perf_counter() - t0}
+            if done % eval_every == 0 or done == stop:
+                row.update(self._evaluate(model, data.validation, settings["loss"]))
+            history.append(done, **row)
+            bar.update(done, loss=value)
+            if self.checkpoint_dir is not None and (done == stop or (ckpt_every and done % ckpt_every == 0)):
+                self._save_checkpoint(
+                    model, velocity, done, order, settings, history=history.to_dataset(self._history_attrs(settings))
+                )
+
+
+def _previous_history(resume, upto: int):
+    """History saved in a resumed run folder, up to the checkpoint's step."""
+    path = Path(resume) / "history.zarr"
+    if not path.exists():
+        return None
+    history = store.load_history(path)
+    return history.sel(step=history["step"] <= upto)

@@ -1,0 +1,521 @@
+"""Checkpoints and histories on disk, in zarr.
+
+Every store is written under a temporary name beside its target, flushed, and
+renamed into place, so a reader sees either the old store or the complete new
+one. Each array's SHA-256 is kept in a manifest in the group's attributes and
+verified on load; chunks also carry a CRC32C so a flipped byte fails loudly.
+Nothing is pickled: arrays are zarr, everything else is JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
+
+from daskann.nn import MLP
+
+FORMAT_VERSION = 1
+RUN_MARKER = "daskann-run.json"
+CHECKPOINT_DIR = "checkpoints"
+_CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})\.zarr$")
+
+
+class StoreError(ValueError):
+    """A store is missing, damaged, foreign or does not match what loads it."""
+
+
+class DamagedStoreError(StoreError):
+    """A store's arrays do not match its manifest."""
+
+
+def array_digest(array: np.ndarray) -> str:
+    """SHA-256 of an array's dtype, shape and bytes."""
+    array = np.ascontiguousarray(array)
+    h = hashlib.sha256()
+    h.update(f"{array.dtype.str}{array.shape}".encode())
+    h.update(array.tobytes())
+    return h.hexdigest()
+
+
+def _fsync_tree(path: Path) -> None:
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(Path(root))
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_replace_dir(tmp: Path, target: Path) -> None:
+    """Move a finished store ``tmp`` to ``target``, replacing any old one."""
+    _fsync_tree(tmp)
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(target, old)
+    os.rename(tmp, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def temporary_sibling(target: Path) -> Path:
+    """Hidden temporary path next to ``target`` (same file system, so rename is atomic)."""
+    return target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+def write_array_group(path, arrays: dict[str, np.ndarray], attrs: dict) -> Path:
+    """Write named arrays and JSON attributes as one zarr group, atomically.
+
+    The manifest of array digests is added to ``attrs["daskann"]["manifest"]``.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    try:
+        group = zarr.open_group(str(tmp), mode="w-")
+        manifest = {}
+        for name, array in arrays.items():
+            array = np.ascontiguousarray(array)
+            z = group.create_array(
+                name,
+                shape=array.shape,
+                dtype=array.dtype,
+                chunks=array.shape or None,
+                compressors=[ZstdCodec(level=1), Crc32cCodec()],
+            )
+            z[...] = array
+            manifest[name] = {"shape": list(array.shape), "dtype": array.dtype.str, "sha256": array_digest(array)}
+        meta = dict(attrs.get("daskann", {}))
+        meta["manifest"] = manifest
+        group.attrs.update({**attrs, "daskann": meta})
+        atomic_replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def read_array_group(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict]:
+    """Read and verify a group written by :func:`write_array_group`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path={str(path)!r}: no such store")
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        attrs = dict(group.attrs)
+    except Exception as exc:
+        raise DamagedStoreError(f"path={str(path)!r} is not a readable zarr store: {exc}") from exc
+    meta = attrs.get("daskann")
+    if not isinstance(meta, dict) or meta.get("kind") != kind:
+        found = meta.get("kind") if isinstance(meta, dict) else None
+        raise StoreError(f"path={str(path)!r} is not a daskann {kind} (found kind={found!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise StoreError(
+            f"path={str(path)!r} has format_version={meta.get('format_version')!r}; "
+            f"this daskann reads version {FORMAT_VERSION}"
+        )
+    arrays = {}
+    for name, expected in meta.get("manifest", {}).items():
+        try:
+            array = group[name][...]
+        except Exception as exc:
+            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+        if array_digest(array) != expected["sha256"]:
+            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} does not match its checksum")
+        arrays[name] = np.asarray(array)
+    return arrays, attrs
+
+
+@dataclass
+class Checkpoint:
+    """Everything needed to continue a training run bit for bit.
+
+    Attributes
+    ----------
+    model : MLP
+    velocity : list of ndarray
+        SGD velocity per parameter, in ``MLP.params`` order.
+    step : int
+        Number of training steps completed.
+    batch_order : dict
+        State of :class:`daskann.data.BatchOrder`.
+    training : dict
+        Loss, learning rate, momentum and method settings.
+    extra : dict
+        Method-specific JSON state.
+    """
+
+    model: MLP
+    velocity: list
+    step: int
+    batch_order: dict
+    training: dict
+    extra: dict = field(default_factory=dict)
+
+
+def save_checkpoint(path, checkpoint: Checkpoint) -> Path:
+    """Write ``checkpoint`` to the zarr store ``path`` atomically."""
+    model = checkpoint.model
+    arrays = {}
+    for i, (w, b) in enumerate(zip(model.weights, model.biases)):
+        arrays[f"weights/{i}"] = w
+        arrays[f"biases/{i}"] = b
+    for i, v in enumerate(checkpoint.velocity):
+        arrays[f"velocity/{i}"] = v
+    attrs = {
+        "daskann": {
+            "kind": "checkpoint",
+            "format_version": FORMAT_VERSION,
+            "step": int(checkpoint.step),
+            "model": model.get_config(),
+            "batch_order": checkpoint.batch_order,
+            "training": checkpoint.training,
+            "extra": checkpoint.extra,
+        }
+    }
+    return write_array_group(path, arrays, attrs)
+
+
+def load_checkpoint(path) -> Checkpoint:
+    """Read and verify a checkpoint; see :func:`find_checkpoint` for run folders."""
+    path = Path(path)
+    if (path / RUN_MARKER).exists() or (path / CHECKPOINT_DIR).is_dir():
+        path = find_checkpoint(path)
+    arrays, attrs = read_array_group(path, kind="checkpoint")
+    meta = attrs["daskann"]
+    config = meta["model"]
+    n_layers = len(config["sizes"]) - 1
+    try:
+        weights = [arrays[f"weights/{i}"] for i in range(n_layers)]
+        biases = [arrays[f"biases/{i}"] for i in range(n_layers)]
+        velocity = [arrays[f"velocity/{i}"] for i in range(2 * n_layers)]
+        model = MLP.from_arrays(
+            weights,
+            biases,
+            activation=config["activation"],
+            output=config["output"],
+            negative_slope=config["negative_slope"],
+        )
+    except (KeyError, ValueError) as exc:
+        raise DamagedStoreError(f"path={str(path)!r}: checkpoint arrays are incomplete ({exc})") from exc
+    if list(model.sizes) != list(config["sizes"]) or model.dtype.name != config["dtype"]:
+        raise DamagedStoreError(f"path={str(path)!r}: arrays do not match the recorded model {config}")
+    return Checkpoint(
+        model=model,
+        velocity=velocity,
+        step=int(meta["step"]),
+        batch_order=meta["batch_order"],
+        training=meta["training"],
+        extra=meta.get("extra", {}),
+    )
+
+
+def checkpoint_path(run_dir, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / f"step-{int(step):08d}.zarr"
+
+
+def list_checkpoints(run_dir) -> list[Path]:
+    """Checkpoints of a run folder, newest first."""
+    folder = Path(run_dir) / CHECKPOINT_DIR
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if _CHECKPOINT_NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(_CHECKPOINT_NAME.match(p.name).group(1)), reverse=True)
+
+
+def find_checkpoint(run_dir) -> Path:
+    """Newest checkpoint of ``run_dir`` that verifies; damaged ones are skipped with a warning."""
+    candidates = list_checkpoints(run_dir)
+    if not candidates:
+        raise FileNotFoundError(f"path={str(run_dir)!r}: run folder holds no checkpoint")
+    for path in candidates:
+        try:
+            read_array_group(path, kind="checkpoint")
+        except StoreError as exc:
+            warnings.warn(f"skipping damaged checkpoint: {exc}", RuntimeWarning, stacklevel=2)
+            continue
+        return path
+    raise DamagedStoreError(f"path={str(run_dir)!r}: every checkpoint is damaged")
+
+
+def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False, resume: bool = False) -> Path:
+    """Create or reuse a run output folder.
+
+    A folder that exists and holds anything but a daskann run is refused unless
+    ``overwrite``; an existing run is refused unless ``resume`` or ``overwrite``.
+    """
+    path = Path(path)
+    marker = path / RUN_MARKER
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output={str(path)!r} is not valid: expected a folder, found a file")
+    if path.exists() and any(path.iterdir()):
+        if overwrite:
+            if not marker.exists() and any(path.iterdir()):
+                # refuse to wipe a folder we did not create, even when asked to overwrite
+                for child in path.iterdir():
+                    if child.name not in (RUN_MARKER, CHECKPOINT_DIR, "history.zarr", "model.zarr"):
+                        raise ValueError(
+                            f"output={str(path)!r} is not valid: it holds {child.name!r}, which is not part "
+                            "of a daskann run; choose an empty or new folder"
+                        )
+            for child in (CHECKPOINT_DIR, "history.zarr", "model.zarr"):
+                shutil.rmtree(path / child, ignore_errors=True)
+        elif not marker.exists():
+            raise ValueError(
+                f"output={str(path)!r} is not valid: the folder exists and is not a daskann run; "
+                "choose an empty or new folder"
+            )
+        elif not resume:
+            raise ValueError(
+                f"output={str(path)!r} is not valid: it already holds a daskann run; "
+                "pass resume to continue it or overwrite to start again"
+            )
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o750)
+    tmp = temporary_sibling(marker)
+    tmp.write_text(json.dumps({"format": "daskann-run", "format_version": FORMAT_VERSION, "method": method, "config": config}, indent=2))
+    os.replace(tmp, marker)
+    return path
+
+
+def save_history(history: xr.Dataset, path) -> Path:
+    """Write a history Dataset to a zarr store atomically, with a checksum manifest."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    ds = _encode_strings(history.copy())
+    manifest = {name: array_digest(np.asarray(ds[name].values)) for name in ds.variables}
+    ds.attrs = {**history.attrs, "daskann": {"kind": "history", "format_version": FORMAT_VERSION, "manifest": manifest}}
+    try:
+        ds.to_zarr(str(tmp), mode="w-", consolidated=False, zarr_format=3)
+        atomic_replace_dir(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_history(path) -> xr.Dataset:
+    """Read and verify a history written by :func:`save_history`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path={str(path)!r}: no such history store")
+    try:
+        ds = xr.open_zarr(str(path), consolidated=False).load()
+    except Exception as exc:
+        raise DamagedStoreError(f"path={str(path)!r} is not a readable history store: {exc}") from exc
+    meta = ds.attrs.get("daskann", {})
+    if meta.get("kind") != "history":
+        raise StoreError(f"path={str(path)!r} is not a daskann history")
+    for name, digest in meta.get("manifest", {}).items():
+        if name not in ds.variables or array_digest(np.asarray(ds[name].values)) != digest:
+            raise DamagedStoreError(f"path={str(path)!r}: variable {name!r} is missing or fails its checksum")
+    ds.attrs = {k: v for k, v in ds.attrs.items() if k != "daskann"}
+    return _decode_strings(ds)
+
+
+def _encode_strings(ds: xr.Dataset) -> xr.Dataset:
+    """Text variables (such as a training phase) as integer codes, CF ``flag_values`` style.
+
+    zarr 3 has no stable text type yet; codes keep history stores portable.
+    """
+    for name in list(ds.data_vars):
+        values = ds[name].values
+        if values.dtype.kind in "UO":
+            meanings = sorted({str(v) for v in values.ravel()})
+            codes = np.array([meanings.index(str(v)) for v in values.ravel()], dtype=np.int16).reshape(values.shape)
+            attrs = {**ds[name].attrs, "flag_values": list(range(len(meanings))), "flag_meanings": meanings}
+            ds[name] = (ds[name].dims, codes, attrs)
+    return ds
+
+
+def _decode_strings(ds: xr.Dataset) -> xr.Dataset:
+    for name in list(ds.data_vars):
+        attrs = dict(ds[name].attrs)
+        if "flag_meanings" in attrs:
+            meanings = list(attrs.pop("flag_meanings"))
+            attrs.pop("flag_values", None)
+            ds[name] = (ds[name].dims, np.array(meanings)[ds[name].values.astype(int)], attrs)
+    return ds
+
+
+#: verifiers of store kinds defined elsewhere (e.g. MGRIT trajectories): kind -> callable(path)
+VERIFIERS: dict = {}
+
+
+def _store_kind(path: Path) -> str | None:
+    meta_file = path / "zarr.json"
+    if not meta_file.is_file():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+    except ValueError:
+        return "unreadable"
+    daskann_meta = meta.get("attributes", {}).get("daskann")
+    return daskann_meta.get("kind") if isinstance(daskann_meta, dict) else None
+
+
+def _is_temporary(name: str) -> bool:
+    return ".tmp-" in name or ".old-" in name or name.endswith(".partial")
+
+
+def verify_path(path) -> dict:
+    """Scan a store or a run folder: checksums, missing arrays, orphan temporary files.
+
+    Returns ``{"ok": bool, "items": [{"path", "kind", "status", "detail"}]}``
+    where status is ``"ok"``, ``"damaged"`` or ``"orphan"``.
+    """
+    import daskann.mgrit._store  # noqa: F401  (registers the trajectory verifier)
+
+    path = Path(path)
+    items = []
+
+    def check(store_path: Path, kind: str | None):
+        try:
+            if kind == "checkpoint":
+                load_checkpoint(store_path)
+            elif kind == "history":
+                load_history(store_path)
+            elif kind in VERIFIERS:
+                VERIFIERS[kind](store_path)
+            elif kind == "unreadable":
+                raise DamagedStoreError("zarr.json is not valid JSON")
+            else:
+                raise StoreError("not a daskann store")
+            items.append({"path": str(store_path), "kind": kind, "status": "ok", "detail": ""})
+        except (StoreError, OSError, ValueError) as exc:
+            items.append({"path": str(store_path), "kind": kind, "status": "damaged", "detail": str(exc)})
+
+    if _store_kind(path) is not None:
+        check(path, _store_kind(path))
+    else:
+        for root, dirs, files in os.walk(path):
+            root_path = Path(root)
+            for name in list(dirs) + files:
+                if _is_temporary(name):
+                    items.append({"path": str(root_path / name), "kind": None, "status": "orphan",
+                                  "detail": "temporary file left by an interrupted write"})
+            for name in list(dirs):
+                child = root_path / name
+                if _is_temporary(name):
+                    dirs.remove(name)
+                    continue
+                kind = _store_kind(child)
+                if kind is not None:
+                    check(child, kind)
+                    dirs.remove(name)  # the store's own files are checked by its loader
+        if not items:
+            items.append({"path": str(path), "kind": None, "status": "damaged", "detail": "no daskann store found"})
+    return {"ok": all(item["status"] == "ok" for item in items), "items": items}
+
+
+LOCK_NAME = ".daskann-lock"
+
+
+class RunLock:
+    """Exclusive claim on a run folder while a training writes to it.
+
+    The lock file is created with ``O_EXCL`` and holds the owner's host and
+    pid; a lock left by a process of this host that no longer exists is stale
+    and taken over.
+    """
+
+    def __init__(self, folder):
+        self.path = Path(folder) / LOCK_NAME
+        self._held = False
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and not self._is_stale(holder):
+                    raise StoreError(
+                        f"output={str(self.path.parent)!r} is being written by another run "
+                        f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
+                    ) from None
+                self.path.unlink(missing_ok=True)
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(owner, f)
+            self._held = True
+            return self
+        raise StoreError(f"output={str(self.path.parent)!r}: could not take the run lock")
+
+    def check_free(self, name: str = "output") -> None:
+        """Refuse, without taking it, a lock that a live run holds (a check before any work starts)."""
+        holder = self._holder() if self.path.exists() else None
+        if holder is not None and not self._held and not self._is_stale(holder):
+            raise StoreError(
+                f"{name}={str(self.path.parent)!r} is being written by another run "
+                f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
+            )
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None  # unreadable lock: treat as stale
+
+    @staticmethod
+    def _is_stale(holder: dict) -> bool:
+        if holder.get("host") != socket.gethostname():
+            return False
+        if holder.get("pid") == os.getpid():
+            return False
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, KeyError, ValueError, TypeError):
+            return False
+        return False
+
+    def release(self) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+            self._held = False
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def check_writable_folder(folder, name: str = "checkpoint_dir") -> Path:
+    """Refuse a folder that cannot be created or written, before any work starts."""
+    folder = Path(folder)
+    probe_parent = folder
+    while not probe_parent.exists():
+        probe_parent = probe_parent.parent
+    if not probe_parent.is_dir():
+        raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is a file, expected a folder")
+    if not os.access(probe_parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is not writable")
+    return folder
