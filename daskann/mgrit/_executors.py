@@ -59,7 +59,7 @@ class DaskExecutor:
         if isinstance(scheduler, Client):
             self.name = "distributed"
             self._raw_context = context
-            self._context = scheduler.scatter(context, broadcast=True, hash=False)
+            self._context = self._broadcast()
         elif scheduler in ("threads", "sync"):
             self.name = scheduler
             self._context = context
@@ -81,7 +81,7 @@ class DaskExecutor:
                         reason in str(exc) for reason in ("lost dependencies", "already forgotten"))
                     if not lost or attempt + 1 == _CONTEXT_ATTEMPTS:
                         raise
-                    self._context = self.scheduler.scatter(self._raw_context, broadcast=True, hash=False)
+                    self._context = self._broadcast()
         else:
             graph = {t.key: (t.func, t.spec, self.store, self._context, *t.deps) for t in tasks}
             if self.name == "threads":
@@ -89,6 +89,17 @@ class DaskExecutor:
             else:
                 values = dask.get(graph, keys)
         return dict(zip(keys, values, strict=True))
+
+    def _broadcast(self):
+        """Scatter the context to every worker, again if a worker died during the broadcast."""
+        for attempt in range(_CONTEXT_ATTEMPTS):
+            try:
+                return self.scheduler.scatter(self._raw_context, broadcast=True, hash=False)
+            except (KeyError, OSError) as exc:  # the scheduler's replication lost a worker it was sending to
+                if attempt + 1 == _CONTEXT_ATTEMPTS:
+                    raise RuntimeError(f"broadcasting the MGRIT context failed {_CONTEXT_ATTEMPTS} times as "
+                                       f"workers left the cluster ({exc!r})") from exc
+                time.sleep(1.0)
 
     def _run_distributed(self, tasks, attempt: int) -> list:
         def name(key):  # a rerun uses new keys: the cancelled ones may still be forgotten by the scheduler

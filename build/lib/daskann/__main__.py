@@ -1,3 +1,0 @@
-from daskann.cli import main
-
-main(prog_name="daskann")
