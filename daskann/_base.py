@@ -25,6 +25,11 @@ from daskann.data import BatchOrder
 from daskann.nn import ACTIVATIONS, LOSSES, MLP, OUTPUTS, SGD
 
 
+#: bytes of metadata per checkpoint store, and for the history stored beside them (estimates)
+CHECKPOINT_OVERHEAD = 64 * 1024
+HISTORY_ALLOWANCE = 4 * 2**20
+
+
 class TrainingDiverged(RuntimeError):
     """Loss, gradients or weights became NaN or Inf.
 
@@ -216,6 +221,26 @@ class BaseTrainer:
             )
             validation = (Xv, yv)
         return TrainingData(X, y, n_outputs, validation)
+
+    def _check_checkpoint_space(self, settings, sizes, start: int, stop: int, *, count: int | None = None,
+                                extra_steps: int = 0) -> None:
+        """Refuse, before any work, a run whose checkpoints cannot fit in ``checkpoint_dir``.
+
+        ``count`` checkpoints (by default those that ``checkpoint_every``
+        makes between ``start`` and ``stop``, plus those of ``extra_steps``
+        more) of the parameters and velocity of a network of ``sizes``.
+        """
+        if self.checkpoint_dir is None:
+            return
+        if count is None:
+            every = settings["checkpoint_every"]
+            count = 0
+            for first, last in ((start, stop), (0, extra_steps)):
+                if last > first:
+                    count += 1 if not every else last // every - first // every + (last % every != 0)
+        n_params = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))
+        per_checkpoint = 2 * n_params * settings["dtype"].itemsize + CHECKPOINT_OVERHEAD
+        store.check_free_space(self.checkpoint_dir, count * per_checkpoint + HISTORY_ALLOWANCE)
 
     @staticmethod
     def _check_length(steps, epochs, steps_per_epoch: int) -> int:

@@ -132,6 +132,7 @@ class SerialTrainer(BaseTrainer):
 
     def _run(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
         settings = self._settings
+        self._check_checkpoint_space(settings, model.sizes, start, stop)
         try:
             # overflow is caught below and reported as divergence, not as numpy warnings
             limits = threadpool_limits(self.blas_threads, user_api="blas") if self.blas_threads else nullcontext()

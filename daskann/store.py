@@ -9,6 +9,8 @@ Nothing is pickled: arrays are zarr, everything else is JSON.
 
 from __future__ import annotations
 
+import contextvars
+import errno
 import hashlib
 import json
 import os
@@ -40,6 +42,23 @@ class StoreError(ValueError):
 
 class DamagedStoreError(StoreError):
     """A store's arrays do not match its manifest."""
+
+
+class DiskFullError(OSError):
+    """A store could not be written for lack of space; the stores written before are intact."""
+
+
+#: errors of a write that ran out of room (no space, quota, file-size limit)
+_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def _reraise_if_full(exc: BaseException, target: Path) -> None:
+    if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS and not isinstance(exc, DiskFullError):
+        raise DiskFullError(
+            exc.errno,
+            f"path={str(target)!r} could not be written: {os.strerror(exc.errno)}; nothing was replaced "
+            "and earlier checkpoints are intact (free space, then resume the run)",
+        ) from exc
 
 
 def array_digest(array: np.ndarray) -> str:
@@ -111,8 +130,9 @@ def write_array_group(path, arrays: dict[str, np.ndarray], attrs: dict) -> Path:
         meta["manifest"] = manifest
         group.attrs.update({**attrs, "daskann": meta})
         atomic_replace_dir(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        _reraise_if_full(exc, target)
         raise
     return target
 
@@ -311,8 +331,9 @@ def save_history(history: xr.Dataset, path) -> Path:
     try:
         ds.to_zarr(str(tmp), mode="w-", consolidated=False, zarr_format=3)
         atomic_replace_dir(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        _reraise_if_full(exc, target)
         raise
     return target
 
@@ -432,6 +453,8 @@ def verify_path(path) -> dict:
 
 
 LOCK_NAME = ".daskann-lock"
+# run folders whose lock this context holds (contextvars: not inherited by other threads)
+_HELD_LOCKS: contextvars.ContextVar[frozenset] = contextvars.ContextVar("daskann_held_locks", default=frozenset())
 
 
 class RunLock:
@@ -439,14 +462,22 @@ class RunLock:
 
     The lock file is created with ``O_EXCL`` and holds the owner's host and
     pid; a lock left by a process of this host that no longer exists is stale
-    and taken over.
+    and taken over. Re-entrant within one context: a training that holds the
+    lock may run an inner training on the same folder (partition's fine-tune),
+    while another thread or process is refused.
     """
 
     def __init__(self, folder):
         self.path = Path(folder) / LOCK_NAME
         self._held = False
 
+    def _key(self) -> str:
+        return str(self.path.resolve())
+
     def acquire(self) -> RunLock:
+        held = _HELD_LOCKS.get()
+        if self._key() in held:
+            return self  # the enclosing training of this context holds it
         self.path.parent.mkdir(parents=True, exist_ok=True)
         owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
         for _ in range(2):
@@ -464,11 +495,14 @@ class RunLock:
             with os.fdopen(fd, "w") as f:
                 json.dump(owner, f)
             self._held = True
+            _HELD_LOCKS.set(held | {self._key()})
             return self
         raise StoreError(f"output={str(self.path.parent)!r}: could not take the run lock")
 
     def check_free(self, name: str = "output") -> None:
         """Refuse, without taking it, a lock that a live run holds (a check before any work starts)."""
+        if self._key() in _HELD_LOCKS.get():
+            return
         holder = self._holder() if self.path.exists() else None
         if holder is not None and not self._held and not self._is_stale(holder):
             raise StoreError(
@@ -500,6 +534,7 @@ class RunLock:
         if self._held:
             self.path.unlink(missing_ok=True)
             self._held = False
+            _HELD_LOCKS.set(_HELD_LOCKS.get() - {self._key()})
 
     def __enter__(self) -> RunLock:
         return self.acquire()
@@ -519,3 +554,24 @@ def check_writable_folder(folder, name: str = "checkpoint_dir") -> Path:
     if not os.access(probe_parent, os.W_OK | os.X_OK):
         raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is not writable")
     return folder
+
+
+def check_free_space(folder, needed: int, name: str = "checkpoint_dir") -> None:
+    """Refuse, before any work starts, a folder whose file system cannot hold ``needed`` bytes."""
+    probe = Path(folder)
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"{name}={str(folder)!r} has {_human(free)} free; this run's stores need about {_human(needed)} "
+            "(free space, choose another folder or checkpoint less often)",
+        )
+
+
+def _human(n_bytes: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n_bytes < 1024 or unit == "GiB":
+            return f"{n_bytes:.0f} {unit}" if unit == "bytes" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1024

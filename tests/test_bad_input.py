@@ -137,18 +137,35 @@ def _truncated_store(env) -> Path:
 
 @contextlib.contextmanager
 def _locked(folder: Path):
-    """``folder`` as another live run writing it would leave it: its lock held."""
-    lock = store.RunLock(folder).acquire()
+    """``folder`` as another live run writing it would leave it: its lock held by a live process."""
+    import json
+    import socket
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / store.LOCK_NAME).write_text(
+            json.dumps({"host": socket.gethostname(), "pid": other.pid, "since": time.time()}))
         yield
     finally:
-        lock.release()
+        other.kill()
+        other.wait()
 
 
 def _locked_fit(make, env):
     folder = env.tmp / "busy"
     with _locked(folder):
         _fit(make(env, checkpoint_dir=folder), env)
+
+
+def _full_fit(make, env, **kwargs):
+    """A file system with 1000 bytes free under the run folder."""
+    import shutil
+    from unittest import mock
+
+    usage = shutil.disk_usage(env.tmp)._replace(free=1000)
+    with mock.patch("daskann.store.shutil.disk_usage", return_value=usage):
+        _fit(make(env, **kwargs), env, steps=64)
 
 
 def _readonly_fit(env):
@@ -307,6 +324,11 @@ CASES: list[Case] = [
          r"checkpoint_dir=.*another run"),
     Case("store-busy-mgrit", "store", lambda e: _locked_fit(_mgrit, e), store.StoreError,
          r"checkpoint_dir=.*another run"),
+    Case("output-full-npt", "store",
+         lambda e: _full_fit(_npt, e, checkpoint_dir=e.tmp / "full", checkpoint_every=1), store.DiskFullError,
+         r"checkpoint_dir=.*1000 bytes free"),
+    Case("output-full-mgrit-store", "store", lambda e: _full_fit(_mgrit, e, store=e.tmp / "traj.zarr"),
+         store.DiskFullError, r"store=.*1000 bytes free"),
     Case("output-read-only-chmod", "store", _readonly_fit, ValueError, r"checkpoint_dir=.*not writable",
          skip=lambda: "chmod does not bind root" if IS_ROOT else None),
     Case("output-read-only-filesystem", "store",

@@ -85,8 +85,23 @@ def _pids(client):
     return client.run(os.getpid, on_error="ignore")
 
 
-def _settle(client):
-    """Wait (bounded) until the cluster has all its workers back."""
+def _settle(client, timeout=60):
+    """Wait (bounded) until the cluster has all its workers back.
+
+    A nanny may fail to bring its worker back after repeated kills; its slot
+    is then replaced by a fresh worker process, so the next test starts on a
+    whole cluster.
+    """
+    try:
+        client.wait_for_workers(N_WORKERS, timeout=timeout)
+        return
+    except TimeoutError:
+        pass
+    cluster = client.cluster
+    alive = {info["name"] for info in client.scheduler_info(n_workers=-1)["workers"].values()}
+    for name in [name for name in cluster.worker_spec if name not in alive]:
+        del cluster.worker_spec[name]
+    cluster.scale(N_WORKERS)
     client.wait_for_workers(N_WORKERS, timeout=120)
 
 
@@ -108,6 +123,31 @@ def _wait_for(cond, timeout):
     while not cond():
         assert time.monotonic() < deadline, "the condition was not reached in time"
         time.sleep(0.02)
+
+
+def _kill_all_workers_during(client, fit, ready, *, timeout=240):
+    """Run ``fit`` in a thread, SIGKILL every worker once ``ready()``, wait for the fit to end.
+
+    Returns ``(kills, seconds)``; the fit's own error, if any, fails the test.
+    """
+    _settle(client)
+    time.sleep(3)  # nannies that just restarted a worker are left to finish before it dies again
+    errors = []
+    thread = threading.Thread(target=lambda: _catch(errors, fit))
+    t0 = time.monotonic()
+    thread.start()
+    try:
+        _wait_for(lambda: ready() or not thread.is_alive(), 120)
+        assert thread.is_alive(), errors
+        pids = _pids(client)
+        assert len(pids) == N_WORKERS
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        thread.join(timeout)
+    finally:
+        _settle(client)
+    assert not thread.is_alive() and not errors, errors
+    return len(pids), round(time.monotonic() - t0, 1)
 
 
 class Chaos:
@@ -469,30 +509,14 @@ def test_mgrit_task_worker_exit_is_recomputed(fclient, mgrit_data, mgrit_referen
 def test_mgrit_all_workers_killed_at_once_rescatters_and_is_bit_identical(fclient, mgrit_data, mgrit_reference,
                                                                           tmp_path):
     """Every copy of the broadcast context dies: the iteration is rerun on a re-scattered one."""
-    _settle(fclient)
-    time.sleep(3)  # nannies that just restarted a worker are left to finish before it dies again
     X, y = mgrit_data
     ref, _ = mgrit_reference
     path = tmp_path / "traj.zarr"
     trainer = _mgrit(fclient, store=path)
-    errors = []
-    thread = threading.Thread(target=lambda: _catch(errors, trainer.fit, X, y, steps=MGRIT_STEPS))
-    t0 = time.monotonic()
-    thread.start()
-    try:
-        _wait_for(lambda: _mgrit_iteration(path) >= 1 or not thread.is_alive(), 120)
-        assert thread.is_alive(), errors
-        pids = _pids(fclient)
-        assert len(pids) == N_WORKERS
-        for pid in pids.values():
-            os.kill(pid, signal.SIGKILL)
-        thread.join(240)
-    finally:
-        _settle(fclient)
-    assert not thread.is_alive() and not errors, errors
-    seconds = round(time.monotonic() - t0, 1)
+    kills, seconds = _kill_all_workers_during(fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS),
+                                              lambda: _mgrit_iteration(path) >= 1)
     equal = _equal(_state(trainer), _state(ref))
-    _report("mgrit all workers SIGKILLed at once after iteration 1", kills=len(pids), iterations=trainer.n_iter_,
+    _report("mgrit all workers SIGKILLed at once after iteration 1", kills=kills, iterations=trainer.n_iter_,
             seconds=seconds, bit_identical=equal)
     assert equal and trainer.result_.residuals == ref.result_.residuals
 
@@ -578,31 +602,15 @@ def test_partition_submodel_worker_exit_resumes_from_its_checkpoint(fclient, reg
 def test_partition_all_workers_killed_at_once_resume_from_checkpoints(fclient, regression, partition_reference,
                                                                       tmp_path):
     """Every copy of the broadcast training data dies with the workers during the sub-model phase."""
-    _settle(fclient)
-    time.sleep(3)  # nannies that just restarted a worker are left to finish before it dies again
     X, y = regression
     ref, _ = partition_reference
     trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
-    errors = []
-    thread = threading.Thread(target=lambda: _catch(errors, trainer.fit, X, y, steps=PART_STEPS))
-    t0 = time.monotonic()
-    thread.start()
-    try:
-        subs = [tmp_path / "partition" / f"submodel-{g}" for g in range(2)]
-        _wait_for(lambda: all((d / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(d) for d in subs)
-                  or not thread.is_alive(), 120)
-        assert thread.is_alive(), errors
-        pids = _pids(fclient)
-        assert len(pids) == N_WORKERS
-        for pid in pids.values():
-            os.kill(pid, signal.SIGKILL)
-        thread.join(240)
-    finally:
-        _settle(fclient)
-    assert not thread.is_alive() and not errors, errors
-    seconds = round(time.monotonic() - t0, 1)
+    subs = [tmp_path / "partition" / f"submodel-{g}" for g in range(2)]
+    kills, seconds = _kill_all_workers_during(
+        fclient, lambda: trainer.fit(X, y, steps=PART_STEPS),
+        lambda: all((d / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(d) for d in subs))
     equal = _equal(_part_state(trainer), ref)
-    _report("partition all workers SIGKILLed at once", kills=len(pids), resumed_from=_resumed_from(trainer),
+    _report("partition all workers SIGKILLed at once", kills=kills, resumed_from=_resumed_from(trainer),
             seconds=seconds, bit_identical=equal)
     assert min(_resumed_from(trainer)) > 0
     assert equal

@@ -251,3 +251,118 @@ def test_mgrit_trajectory_store_is_verified(tmp_path):
     chunk.unlink()
     report = store.verify_path(path)
     assert not report["ok"] and "missing" in report["items"][0]["detail"]
+
+
+def test_the_run_lock_is_reentrant_in_its_own_context_only(tmp_path):
+    import threading
+
+    folder = tmp_path / "run"
+    with store.RunLock(folder):
+        with store.RunLock(folder):  # an inner training of the same run (partition's fine-tune)
+            store.RunLock(folder).check_free()
+        assert (folder / store.LOCK_NAME).exists()  # the inner release keeps the outer claim
+        errors = []
+
+        def other_thread():
+            try:
+                store.RunLock(folder).acquire()
+            except store.StoreError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        assert len(errors) == 1 and "being written by another run" in str(errors[0])
+    assert not (folder / store.LOCK_NAME).exists()
+
+
+def _held_during_fit(trainer, X, y, steps, folder):
+    """Fit in a thread; while it runs, the folder's lock must refuse this thread."""
+    import threading
+    import time
+
+    errors = []
+
+    def fit():
+        try:
+            trainer.fit(X, y, steps=steps)
+        except BaseException as exc:  # reported to the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=fit)
+    thread.start()
+    lock = folder / store.LOCK_NAME
+    deadline = time.monotonic() + 60
+    while not lock.exists() and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    seen = lock.exists()
+    refused = None
+    if seen:
+        with pytest.raises(store.StoreError, match="being written by another run") as refused:
+            store.RunLock(folder).acquire()
+    thread.join(180)
+    assert not thread.is_alive() and not errors, errors
+    return seen, refused, lock.exists()
+
+
+@pytest.mark.parametrize("method", ["npt", "mgrit", "partition"])
+def test_a_fit_holds_its_run_folder_until_it_ends(client2, tmp_path, method):
+    from daskann.mgrit import MGRITTrainer
+    from daskann.npt import NPTTrainer
+    from daskann.partition import PartitionTrainer
+
+    X, y = make_linear(256, 6, 2, seed=0)
+    folder = tmp_path / "run"
+    common = dict(batch_size=16, client=client2, checkpoint_dir=folder)
+    trainer, steps = {
+        "npt": lambda: (NPTTrainer((5,), grid="1x2", mode="graph", **common), 300),
+        "mgrit": lambda: (MGRITTrainer((5,), levels=2, cfactor=4, **common), 512),
+        # the fine-tune is a SerialTrainer on the same folder: the lock is re-entered, not refused
+        "partition": lambda: (PartitionTrainer((6,), k=2, **common), 300),
+    }[method]()
+    seen, refused, left = _held_during_fit(trainer, X, y, steps, folder)
+    assert seen and refused is not None, "the fit ended before its lock was observed"
+    assert not left and trainer.model_ is not None
+
+
+def test_a_full_disk_is_refused_before_training(tmp_path, monkeypatch):
+    import shutil
+
+    X, y = make_linear(64, 5, 3, seed=0)
+    usage = shutil.disk_usage(tmp_path)._replace(free=100_000)
+    monkeypatch.setattr(store.shutil, "disk_usage", lambda path: usage)
+    trainer = SerialTrainer((4,), batch_size=8, checkpoint_dir=tmp_path / "run", checkpoint_every=1)
+    with pytest.raises(store.DiskFullError, match=r"checkpoint_dir=.*run.* has 97\.7 KiB free"):
+        trainer.fit(X, y, steps=50)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_disk_that_fills_up_keeps_the_earlier_checkpoints_and_the_run_resumes(tmp_path, monkeypatch):
+    import errno
+
+    import zarr.storage
+
+    X, y = make_linear(64, 5, 3, seed=0)
+    make = lambda folder: SerialTrainer((4,), batch_size=8, momentum=0.9, checkpoint_dir=folder,  # noqa: E731
+                                        checkpoint_every=2)
+    clean = make(tmp_path / "clean").fit(X, y, steps=6)
+    real_set = zarr.storage.LocalStore.set
+
+    async def full_after_step_2(self, key, value):
+        if "step-00000004" in str(self.root):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return await real_set(self, key, value)
+
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", full_after_step_2)
+    folder = tmp_path / "run"
+    with pytest.raises(store.DiskFullError, match=r"path=.*step-00000004.*earlier checkpoints are intact"):
+        make(folder).fit(X, y, steps=6)
+    monkeypatch.setattr(zarr.storage.LocalStore, "set", real_set)
+    # the failed write left nothing behind, the step-2 checkpoint is whole, and the lock is released
+    assert [p.name for p in store.list_checkpoints(folder)] == ["step-00000002.zarr"]
+    report = store.verify_path(folder)
+    assert report["ok"], report
+    assert not (folder / store.LOCK_NAME).exists()
+    resumed = make(folder).fit(X, y, steps=6, resume=folder)
+    for a, b in zip(resumed.model_.params + resumed.velocity_, clean.model_.params + clean.velocity_):
+        assert np.array_equal(a, b)

@@ -22,7 +22,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from daskann.mgrit._kernels import SLOTS
-from daskann.store import VERIFIERS, DamagedStoreError, StoreError, temporary_sibling
+from daskann.store import VERIFIERS, DamagedStoreError, StoreError, check_free_space, temporary_sibling
 
 KIND = "mgrit-trajectory"
 FORMAT_VERSION = 1
@@ -163,6 +163,9 @@ def check_same_run(path, meta: dict, run_id: str, config: dict) -> None:
 def create_store(path, *, run_id: str, config: dict, specs: dict, dtype) -> ZarrTrajectory:
     """Create an empty trajectory store (the caller writes u0 and the initial guess)."""
     path = Path(path)
+    # every chunk gets written: refuse a file system that cannot hold them, before any task
+    needed = sum(int(np.prod(shape)) for shape, _ in specs.values()) * np.dtype(dtype).itemsize
+    check_free_space(path, needed, name="store")
     path.mkdir(parents=True, exist_ok=True)
     group = zarr.open_group(str(path), mode="w", zarr_format=3)
     for name, (shape, chunks) in specs.items():

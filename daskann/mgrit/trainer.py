@@ -228,6 +228,7 @@ class MGRITTrainer(BaseTrainer):
             velocity, done = SGD.init_state(model.params), 0
         if total <= done:
             raise invalid("steps", total, f"more than the {done} steps the resumed checkpoint holds")
+        self._check_checkpoint_space(settings, model.sizes, done, total, count=1)  # one, at the end
         prop = SGDPropagator(
             model, data.X, data.y, loss=settings["loss"], order=order, lr=settings["lr"],
             momentum=settings["momentum"], coarse=options["coarse"], alpha_growth=options["alpha_growth"],
@@ -263,32 +264,33 @@ class MGRITTrainer(BaseTrainer):
             scheduler=None if scheduler == "inprocess" else scheduler,
         )
         solver._check()  # every solver option, before the reference run and before any task
-        ref = self._reference(reference, X, y, model, resume, total)
-        if ref is not None:
-            reference_params.append(ref)
-        t0 = time.perf_counter()
-        if scheduler == "distributed":
-            with resolve_client(self.client) as client:
-                # the propagator, data included, is broadcast to every worker
-                check_worker_memory(client, data.X.nbytes + data.y.nbytes, name="X")
-                solver.scheduler = client
+        with self._run_lock():  # the folder is this run's until its checkpoint is written
+            ref = self._reference(reference, X, y, model, resume, total)
+            if ref is not None:
+                reference_params.append(ref)
+            t0 = time.perf_counter()
+            if scheduler == "distributed":
+                with resolve_client(self.client) as client:
+                    # the propagator, data included, is broadcast to every worker
+                    check_worker_memory(client, data.X.nbytes + data.y.nbytes, name="X")
+                    solver.scheduler = client
+                    result = solver.solve()
+            else:
                 result = solver.solve()
-        else:
-            result = solver.solve()
-        self._settings, self._data, self.batch_order_ = settings, data, order
-        self.result_ = result
-        options = {**options, "alpha_cap": prop.alpha_cap}  # "auto" resolved
-        self.history_ = history.to_dataset({**self._history_attrs(settings), **_result_attrs(result, options)})
-        if not result.converged and self.require_convergence:
-            raise MGRITNotConverged(result)
-        self.model_, self.velocity_ = prop.split(result.state)
-        self.n_steps_ = total
-        self.n_iter_ = result.iterations
-        if self.checkpoint_dir is not None:
-            self._save_checkpoint(self.model_, self.velocity_, total, order, settings,
-                                  extra={"mgrit": _result_attrs(result, options)})
-        if scratch and store is not None and result.converged:
-            shutil.rmtree(store, ignore_errors=True)
+            self._settings, self._data, self.batch_order_ = settings, data, order
+            self.result_ = result
+            options = {**options, "alpha_cap": prop.alpha_cap}  # "auto" resolved
+            self.history_ = history.to_dataset({**self._history_attrs(settings), **_result_attrs(result, options)})
+            if not result.converged and self.require_convergence:
+                raise MGRITNotConverged(result)
+            self.model_, self.velocity_ = prop.split(result.state)
+            self.n_steps_ = total
+            self.n_iter_ = result.iterations
+            if self.checkpoint_dir is not None:
+                self._save_checkpoint(self.model_, self.velocity_, total, order, settings,
+                                      extra={"mgrit": _result_attrs(result, options)})
+            if scratch and store is not None and result.converged:
+                shutil.rmtree(store, ignore_errors=True)
         return self
 
     def _store_path(self, run_id: str):

@@ -18,6 +18,8 @@ MODES = ("auto", "graph", "resident")
 
 PIPELINES = ("auto", "fused", "single", "double")
 _CHAINS = {"fused": 0, "single": 1, "double": 2}
+# restarts of a resident stretch from the same checkpointed state before giving up
+MAX_RESIDENT_RESTARTS = 2
 
 
 def resident_available() -> bool:
@@ -215,7 +217,7 @@ class NPTTrainer(BaseTrainer):
         ckpt = self._load_resume(resume, settings, data, order) if resume is not None else None
         from daskann.cluster import current_client, resolve_client
 
-        with resolve_client(self.client) as client, current_client(client):
+        with resolve_client(self.client) as client, current_client(client), self._run_lock():
             workers = self._check_cluster(client, npt)
             # a column band of X per grid column stays on one worker
             from daskann.cluster import check_worker_memory
@@ -230,6 +232,7 @@ class NPTTrainer(BaseTrainer):
             else:
                 model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
                 velocity, done = SGD.init_state(model.params), 0
+            self._check_checkpoint_space(settings, model.sizes, done, total)
             self._setup_grid(client, npt, model.sizes, settings)
             self._run(client, model, velocity, done, total, history)
         return self
@@ -250,7 +253,7 @@ class NPTTrainer(BaseTrainer):
             self.batch_order_ = self._batch_order(settings, self._data.n_samples)
         history = HistoryRecorder("step")
         history.extend_from(self.history_)
-        with resolve_client(self.client) as client, current_client(client):
+        with resolve_client(self.client) as client, current_client(client), self._run_lock():
             from daskann.npt.grid import live_workers
 
             alive = live_workers(client)
@@ -372,6 +375,7 @@ class NPTTrainer(BaseTrainer):
         for seg_stop in bounds:
             if seg_stop <= current:
                 continue
+            restarts = 0  # the budget is per checkpoint interval, as graph mode's replays
             while True:
                 seg_t0 = time.perf_counter()
                 try:
@@ -382,12 +386,18 @@ class NPTTrainer(BaseTrainer):
                         eval_fn=(lambda d: d in eval_steps) if eval_steps else None,
                     )
                     break
-                except ResidentError:
+                except ResidentError as exc:
                     alive = set(live_workers(client))
-                    if set(self.grid_.workers) <= alive or attempts >= 2:
+                    if set(self.grid_.workers) <= alive:
                         raise
+                    if restarts >= MAX_RESIDENT_RESTARTS:
+                        raise ResidentError(
+                            f"resident training lost grid workers {restarts + 1} times since step {current}; "
+                            f"giving up after {MAX_RESIDENT_RESTARTS} restarts from that state ({exc})"
+                        ) from exc
                     # a worker left: restart this stretch from its starting state on the workers there are
                     attempts += 1
+                    restarts += 1
                     self.recoveries_ += 1
                     from daskann.npt._graph_run import _regrid
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -267,7 +268,7 @@ class PartitionTrainer(BaseTrainer):
 
         t_start = time.perf_counter()
         wall_start = time.time()
-        with resolve_client(self.client) as client:
+        with resolve_client(self.client) as client, self._claim_run_dir(run_dir):
             results = self._train_submodels(client, settings, data, partition, sub_total, run_dir)
             t_sub = time.perf_counter()
             self.timings_["submodel"] = t_sub - t_start
@@ -313,7 +314,7 @@ class PartitionTrainer(BaseTrainer):
         from daskann.cluster import resolve_client
 
         t_start = time.perf_counter()
-        with resolve_client(self.client) as client:
+        with resolve_client(self.client) as client, self._claim_run_dir(run_dir):
             self._train_submodels(client, settings, data, partition, sub_total, run_dir)
         self.timings_["submodel"] = time.perf_counter() - t_start
         self._measure_diversity(settings, data)
@@ -337,7 +338,10 @@ class PartitionTrainer(BaseTrainer):
             sub_total = settings["sub_steps"] or settings["sub_epochs"] * order.steps_per_epoch
         else:
             raise invalid("steps/epochs", (steps, epochs), "one of them, or sub_steps or sub_epochs set on the trainer")
-        partition = split_network((data.n_features, *settings["hidden_sizes"], data.n_outputs), settings["k"])
+        sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
+        partition = split_network(sizes, settings["k"])
+        # the sub-models together hold fewer parameters than the full network: an upper bound
+        self._check_checkpoint_space(settings, sizes, 0, total or 0, extra_steps=sub_total)
         run_dir = self._check_run_dir(resume, settings, partition, sub_total)
         self._settings, self._data, self.batch_order_ = settings, data, order
         self.partition_ = partition
@@ -357,15 +361,17 @@ class PartitionTrainer(BaseTrainer):
             self.diversity_ = submodel_diversity(self.submodels_, data.validation[0], task=task)
 
     def _check_run_dir(self, resume, settings, partition: Partition, sub_total: int) -> Path | None:
-        """Validate ``resume`` and prepare the partition state folder (no task runs yet)."""
+        """Validate ``resume`` or a fresh ``checkpoint_dir``; nothing is written yet."""
         record = {"partition": partition.to_dict(), "combine": settings["combine"], "noise": settings["noise"],
                   "seed": settings["seed"], "sub_steps": sub_total, "sub_trainer": settings["sub_trainer"]}
+        self.__dict__.pop("_fresh_record", None)
         if resume is not None:
             if not isinstance(resume, (str, Path)):
                 raise invalid("resume", resume, "a run folder path", TypeError)
             run_dir = Path(resume)
             if self.checkpoint_dir is not None and Path(self.checkpoint_dir).resolve() != run_dir.resolve():
                 raise invalid("resume", str(resume), f"the run folder checkpoint_dir={str(self.checkpoint_dir)!r}")
+            store.RunLock(run_dir).check_free("resume")
             config = run_dir / _STATE / "config.json"
             if not config.is_file():
                 raise store.StoreError(
@@ -381,13 +387,25 @@ class PartitionTrainer(BaseTrainer):
         run_dir = Path(self.checkpoint_dir)
         if (run_dir / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(run_dir):
             raise invalid("checkpoint_dir", str(run_dir), "a folder without checkpoints (pass resume to continue it)")
-        # a fresh run: stale sub-model checkpoints must not be resumed by the tasks
-        shutil.rmtree(run_dir / _STATE, ignore_errors=True)
-        (run_dir / _STATE).mkdir(parents=True, exist_ok=True)
-        tmp = store.temporary_sibling(run_dir / _STATE / "config.json")
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.replace(run_dir / _STATE / "config.json")
+        self._fresh_record = record  # written by _claim_run_dir, under the run lock
         return run_dir
+
+    @contextlib.contextmanager
+    def _claim_run_dir(self, run_dir: Path | None):
+        """Hold the run folder's lock for the fit; a fresh run starts its state folder under it."""
+        if run_dir is None:
+            yield
+            return
+        with store.RunLock(run_dir):
+            record = self.__dict__.pop("_fresh_record", None)
+            if record is not None:
+                # a fresh run: stale sub-model checkpoints must not be resumed by the tasks
+                shutil.rmtree(run_dir / _STATE, ignore_errors=True)
+                (run_dir / _STATE).mkdir(parents=True, exist_ok=True)
+                tmp = store.temporary_sibling(run_dir / _STATE / "config.json")
+                tmp.write_text(json.dumps(record, indent=2))
+                tmp.replace(run_dir / _STATE / "config.json")
+            yield
 
     def _train_submodels(self, client, settings, data, partition, sub_total, run_dir):
         shared = {name: settings[name] for name in SHARED_SETTINGS}
