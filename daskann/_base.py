@@ -238,7 +238,7 @@ class BaseTrainer:
             for first, last in ((start, stop), (0, extra_steps)):
                 if last > first:
                     count += 1 if not every else last // every - first // every + (last % every != 0)
-        n_params = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))
+        n_params = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
         per_checkpoint = 2 * n_params * settings["dtype"].itemsize + CHECKPOINT_OVERHEAD
         store.check_free_space(self.checkpoint_dir, count * per_checkpoint + HISTORY_ALLOWANCE)
 

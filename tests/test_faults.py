@@ -85,7 +85,7 @@ def _pids(client):
     return client.run(os.getpid, on_error="ignore")
 
 
-def _settle(client, timeout=60):
+def _settle(client, timeout=30):
     """Wait (bounded) until the cluster has all its workers back.
 
     A nanny may fail to bring its worker back after repeated kills; its slot

@@ -531,3 +531,17 @@ def test_example_notebook_runs():
 def test_propagator_contract_is_abstract():
     with pytest.raises(TypeError):
         Propagator()
+
+
+def test_threaded_workers_count_as_local_for_a_temporary_store():
+    from daskann.mgrit.solver import _workers_are_local
+
+    class Info:
+        def __init__(self, *addresses):
+            self.addresses = addresses
+
+        def scheduler_info(self, n_workers=-1):
+            return {"workers": {a: {} for a in self.addresses}}
+
+    assert _workers_are_local(Info("inproc://10.11.12.13/4242/1", "tcp://127.0.0.1:40000"))
+    assert not _workers_are_local(Info("tcp://127.0.0.1:40000", "tcp://10.11.12.13:40001"))

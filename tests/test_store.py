@@ -364,5 +364,5 @@ def test_a_disk_that_fills_up_keeps_the_earlier_checkpoints_and_the_run_resumes(
     assert report["ok"], report
     assert not (folder / store.LOCK_NAME).exists()
     resumed = make(folder).fit(X, y, steps=6, resume=folder)
-    for a, b in zip(resumed.model_.params + resumed.velocity_, clean.model_.params + clean.velocity_):
+    for a, b in zip(resumed.model_.params + resumed.velocity_, clean.model_.params + clean.velocity_, strict=True):
         assert np.array_equal(a, b)

@@ -647,7 +647,8 @@ def _workers_are_local(client: Client) -> bool:
     except OSError:
         pass
     workers = client.scheduler_info(n_workers=-1)["workers"]
-    return all((urlparse(addr).hostname or "") in local for addr in workers)
+    # inproc:// workers are threads of this very process (LocalCluster(processes=False))
+    return all(urlparse(addr).scheme == "inproc" or (urlparse(addr).hostname or "") in local for addr in workers)
 
 
 def _scratch_dir() -> str | None:
