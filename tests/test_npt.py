@@ -419,6 +419,12 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
 
     table = store.load_history(tmp_path / "bench" / "bench-npt.zarr")
     assert table.sizes["row"] == len(result["table"])
+    # without the peer in the run there is no graph/peer ratio to report, and no crash
+    out = runner.invoke(bench_command, ["--address", address, "--quick", "--nets", "", "--widths", "", "--modes",
+                                        "graph", "--large-width", "48", "--large-batch", "32",
+                                        "--output", str(tmp_path / "bench-graph")])
+    assert out.exit_code == 0, out.output
+    assert "large_graph_vs_peer" not in json.loads((tmp_path / "bench-graph" / "bench-npt.json").read_text())["checks"]
 
 
 def test_demo_agrees_with_serial(client4):
