@@ -453,6 +453,8 @@ def verify_path(path) -> dict:
 
 
 LOCK_NAME = ".daskann-lock"
+#: seconds an unreadable lock file counts as being written rather than abandoned
+_LOCK_WRITE_GRACE = 10.0
 # run folders whose lock this context holds (contextvars: not inherited by other threads)
 _HELD_LOCKS: contextvars.ContextVar[frozenset] = contextvars.ContextVar("daskann_held_locks", default=frozenset())
 
@@ -481,23 +483,40 @@ class RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
         for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
-            except FileExistsError:
-                holder = self._holder()
-                if holder is not None and not self._is_stale(holder):
-                    raise StoreError(
-                        f"output={str(self.path.parent)!r} is being written by another run "
-                        f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
-                    ) from None
-                self.path.unlink(missing_ok=True)
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(owner, f)
-            self._held = True
-            _HELD_LOCKS.set(held | {self._key()})
-            return self
+            if self._create(owner):
+                self._held = True
+                _HELD_LOCKS.set(held | {self._key()})
+                return self
+            holder = self._holder()
+            if holder is not None and not self._is_stale(holder):
+                raise StoreError(
+                    f"output={str(self.path.parent)!r} is being written by another run "
+                    f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
+                )
+            self.path.unlink(missing_ok=True)
         raise StoreError(f"output={str(self.path.parent)!r}: could not take the run lock")
+
+    def _create(self, owner: dict) -> bool:
+        """Create the lock file with its content in one step; False if it exists."""
+        # written aside and hard-linked into place: the lock never exists without its owner
+        tmp = temporary_sibling(self.path)
+        tmp.write_text(json.dumps(owner))
+        try:
+            os.link(tmp, self.path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:
+            pass  # a file system without hard links: exclusive create, then write
+        finally:
+            tmp.unlink(missing_ok=True)
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            json.dump(owner, f)
+        return True
 
     def check_free(self, name: str = "output") -> None:
         """Refuse, without taking it, a lock that a live run holds (a check before any work starts)."""
@@ -511,10 +530,19 @@ class RunLock:
             )
 
     def _holder(self) -> dict | None:
+        """The lock's owner; a placeholder for a lock being written; None when it is gone or unreadable."""
         try:
             return json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
         except (OSError, ValueError):
-            return None  # unreadable lock: treat as stale
+            try:
+                young = time.time() - self.path.stat().st_mtime < _LOCK_WRITE_GRACE
+            except OSError:
+                return None
+            # a lock created but not yet written (file systems without hard links) is held;
+            # an unreadable old one is stale
+            return {"host": "?", "pid": "?"} if young else None
 
     @staticmethod
     def _is_stale(holder: dict) -> bool:

@@ -366,3 +366,30 @@ def test_a_disk_that_fills_up_keeps_the_earlier_checkpoints_and_the_run_resumes(
     resumed = make(folder).fit(X, y, steps=6, resume=folder)
     for a, b in zip(resumed.model_.params + resumed.velocity_, clean.model_.params + clean.velocity_, strict=True):
         assert np.array_equal(a, b)
+
+
+def test_racing_claims_on_a_run_folder_leave_one_owner(tmp_path):
+    import threading
+
+    folder = tmp_path / "run"
+    for _ in range(20):
+        barrier = threading.Barrier(8)
+        owners, refused = [], []
+
+        def claim():
+            lock = store.RunLock(folder)
+            barrier.wait()
+            try:
+                owners.append(lock.acquire())
+            except store.StoreError:
+                refused.append(lock)
+
+        threads = [threading.Thread(target=claim) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # a lock file is never seen without its owner, so nobody takes over a claim being made
+        assert len(owners) == 1 and len(refused) == 7
+        owners[0].release()
+        assert not (folder / store.LOCK_NAME).exists()

@@ -136,6 +136,11 @@ def _attempt(client, grid, *, prefix, anchor, rows, X, y, validation, order, set
         states = {start: engine.scatter_state(model, velocity, start)}
     except OSError as exc:
         raise WorkerLost(f"scattering to the grid failed ({exc})", None) from exc
+    except KeyError as exc:
+        # the scheduler removed a grid worker between our look at the cluster and the scatter
+        if exc.args and exc.args[0] in grid.workers:
+            raise WorkerLost(f"grid worker {exc.args[0]} left while data was scattered to it", None) from exc
+        raise
     pending = []
     next_step, done = start, start
     batch = order.batch_size

@@ -175,7 +175,13 @@ def train_resident(
         for k, worker in enumerate(layout.workers):
             payload = _payload(layout, worker, model, velocity, X, y, settings["loss"])
             key = f"{namespace}-data-{k}"
-            data[worker] = client.scatter({key: payload}, workers=[worker], hash=False)[key]
+            try:
+                data[worker] = client.scatter({key: payload}, workers=[worker], hash=False)[key]
+            except (OSError, KeyError) as exc:
+                # the worker left between the grid's set-up and the scatter (the scheduler no longer knows it)
+                if isinstance(exc, KeyError) and not (exc.args and exc.args[0] == worker):
+                    raise
+                raise ResidentError(f"worker {worker} left while its blocks were scattered ({exc!r})") from exc
         futures = [
             client.submit(
                 run_worker,
