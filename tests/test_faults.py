@@ -46,11 +46,24 @@ from daskann.data import make_linear
 N_WORKERS = 4
 
 
+def _chaos_cluster():
+    """A 4-process cluster whose scheduler forgets a silent worker after 20 s.
+
+    A worker killed while it registers may never close its stream to the
+    scheduler; with the default time-to-live (5 minutes) the scheduler would
+    keep sending it data (a broadcast's replication) long after it died.
+    """
+    import dask
+
+    with dask.config.set({"distributed.scheduler.worker-ttl": "20s"}):
+        return local_cluster(N_WORKERS, threads_per_worker=1, dashboard=False, memory_limit="2GiB")
+
+
 # -- helpers -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fclient():
     """A private 4-process cluster (nanny-restarted workers, one thread each)."""
-    cluster = local_cluster(N_WORKERS, threads_per_worker=1, dashboard=False, memory_limit="2GiB")
+    cluster = _chaos_cluster()
     client = Client(cluster, set_as_default=False)
     client.wait_for_workers(N_WORKERS, timeout=120)
     # worker deaths count against allowed-failures; chaos kills several workers per run
@@ -452,7 +465,7 @@ def test_mgrit_under_the_killworker_plugin_is_bit_identical(mgrit_data, mgrit_re
     ref, _ = mgrit_reference
     # its own cluster: restarted workers get the plugin again, and a sustained kill rate can leave nannies
     # that no longer bring their workers back, which must not reach the other tests
-    cluster = local_cluster(N_WORKERS, threads_per_worker=1, dashboard=False, memory_limit="2GiB")
+    cluster = _chaos_cluster()
     client = Client(cluster, set_as_default=False)
     delay, window = 8.0, 20.0  # mean worker lifetime 8 s (4 workers: ~0.5 kills/s), kills only in the first 20 s
     try:

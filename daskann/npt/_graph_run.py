@@ -166,12 +166,15 @@ def _attempt(client, grid, *, prefix, anchor, rows, X, y, validation, order, set
             if progress is not None:
                 progress(done, loss)
             if done in checkpoint_steps and on_checkpoint is not None:
-                ckpt_model, ckpt_velocity = engine.gather_state(states[done], model)
+                # bounded and watched like a step: a grid worker lost here means a replay, not an error
+                ckpt_model, ckpt_velocity = engine.gather_state(
+                    states[done], model, gather=lambda futures, anchor=anchor: watch.gather(futures, anchor))
                 on_checkpoint(done, ckpt_model, ckpt_velocity)
                 anchor = (done, ckpt_model, ckpt_velocity)
             for old in [k for k in states if k < done - 1]:
                 del states[old]
-        final_model, final_velocity = engine.gather_state(states[stop], model)
+        final_model, final_velocity = engine.gather_state(
+            states[stop], model, gather=lambda futures: watch.gather(futures, anchor))
         return GraphResult(final_model, final_velocity, rows)
     except WorkerLost as exc:
         raise WorkerLost(exc.args[0], anchor) from exc

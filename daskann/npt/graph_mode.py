@@ -195,9 +195,10 @@ class GraphEngine:
         futures = scatter_to(self.client, data, where)
         return self._attach(GridState(step, weights, velocities, biases), futures)
 
-    def gather_state(self, state: GridState, like: MLP) -> tuple[MLP, list]:
-        """Weights and velocities as numpy arrays on the client."""
-        values = dict(zip(state.futures, self.client.gather(list(state.futures.values()))))
+    def gather_state(self, state: GridState, like: MLP, gather=None) -> tuple[MLP, list]:
+        """Weights and velocities as numpy arrays on the client (``gather``: futures -> values)."""
+        gather = self.client.gather if gather is None else gather
+        values = dict(zip(state.futures, gather(list(state.futures.values()))))
         weights, biases, velocity = [], [], []
         for layer in range(self.n_layers):
             w = _assemble(state.weights[layer], values)
