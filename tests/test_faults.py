@@ -138,13 +138,11 @@ def _wait_for(cond, timeout):
         time.sleep(0.02)
 
 
-def _kill_all_workers_during(client, fit, ready, *, timeout=240):
-    """Run ``fit`` in a thread, SIGKILL every worker once ``ready()``, wait for the fit to end.
+def _fault_during(client, fit, ready, fault, *, timeout=240):
+    """Run ``fit`` in a thread, call ``fault()`` once ``ready()``, wait for the fit, settle the cluster.
 
-    Returns ``(kills, seconds)``; the fit's own error, if any, fails the test.
+    Returns ``(fault's result, seconds)``; the fit's own error, if any, fails the test.
     """
-    _settle(client)
-    time.sleep(3)  # nannies that just restarted a worker are left to finish before it dies again
     errors = []
     thread = threading.Thread(target=lambda: _catch(errors, fit))
     t0 = time.monotonic()
@@ -152,18 +150,53 @@ def _kill_all_workers_during(client, fit, ready, *, timeout=240):
     try:
         _wait_for(lambda: ready() or not thread.is_alive(), 120)
         assert thread.is_alive(), errors
-        pids = _pids(client)
-        assert len(pids) == N_WORKERS
-        for pid in pids.values():
-            os.kill(pid, signal.SIGKILL)
+        result = fault()
         thread.join(timeout)
     finally:
         _settle(client)
     assert not thread.is_alive() and not errors, errors
-    return len(pids), round(time.monotonic() - t0, 1)
+    return result, round(time.monotonic() - t0, 1)
 
 
-class Chaos:
+def _kill_all_workers_during(client, fit, ready):
+    """SIGKILL every worker during ``fit`` once ``ready()``; returns ``(kills, seconds)``."""
+    _settle(client)
+    time.sleep(3)  # nannies that just restarted a worker are left to finish before it dies again
+
+    def kill_all():
+        pids = _pids(client)
+        assert len(pids) == N_WORKERS
+        for pid in pids.values():
+            os.kill(pid, signal.SIGKILL)
+        return len(pids)
+
+    return _fault_during(client, fit, ready, kill_all)
+
+
+class _Background:
+    """A daemon thread running ``self._run`` for the length of a ``with`` block (``_stop`` ends it)."""
+
+    join_seconds = 30.0
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(self.join_seconds)
+        self.seconds = time.monotonic() - self.t0
+
+
+class Chaos(_Background):
     """Kill a seeded-random live worker with SIGSEGV every ``period`` seconds, at most ``max_kills`` times.
 
     The first kill comes ``first`` seconds after the start; each later one ``period`` seconds after the
@@ -179,18 +212,7 @@ class Chaos:
         self.among = among
         self.first = period if first is None else first
         self.killed: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self.t0 = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(30)
-        self.seconds = time.monotonic() - self.t0
+        super().__init__()
 
     def _run(self):
         wait = self.first
@@ -280,19 +302,14 @@ def test_npt_graph_cell_worker_exit_replays_from_checkpoint(fclient, regression,
     X, y = regression
     ref, _ = npt_graph_reference
     trainer = _npt(fclient, "graph", checkpoint_dir=tmp_path, checkpoint_every=10)
-    errors = []
-    thread = threading.Thread(target=lambda: _catch(errors, trainer.fit, X, y, steps=NPT_GRAPH_STEPS))
-    t0 = time.monotonic()
-    thread.start()
-    try:
-        _wait_for(lambda: len(store.list_checkpoints(tmp_path)) >= 2, 120)  # after step 20
+
+    def exit_cell():
         victim = trainer.grid_.owner(1, 0)
         _exit_worker(fclient, victim)
-        thread.join(240)
-    finally:
-        _settle(fclient)
-    assert not thread.is_alive() and not errors, errors
-    seconds = round(time.monotonic() - t0, 1)
+        return victim
+
+    victim, seconds = _fault_during(fclient, lambda: trainer.fit(X, y, steps=NPT_GRAPH_STEPS),
+                                    lambda: len(store.list_checkpoints(tmp_path)) >= 2, exit_cell)  # after step 20
     equal = _equal(_state(trainer), ref)
     _report("npt graph targeted os._exit of cell (1, 0)", kills=1, recoveries=trainer.recoveries_, seconds=seconds,
             bit_identical=equal)
@@ -332,20 +349,15 @@ def test_npt_resident_cell_worker_exit_restarts_from_checkpoint(fclient, regress
     X, y = regression
     ref, _ = npt_resident_reference
     trainer = _npt(fclient, "resident", checkpoint_dir=tmp_path, checkpoint_every=100)
-    errors = []
-    thread = threading.Thread(target=lambda: _catch(errors, trainer.fit, X, y, steps=400))
-    t0 = time.monotonic()
-    thread.start()
-    try:
-        _wait_for(lambda: len(store.list_checkpoints(tmp_path)) >= 1, 120)  # after step 100
+
+    def exit_cell():
         victim = trainer.grid_.owner(1, 0)
         time.sleep(0.2)  # inside the second stretch
         _exit_worker(fclient, victim)
-        thread.join(240)
-    finally:
-        _settle(fclient)
-    assert not thread.is_alive() and not errors, errors
-    seconds = round(time.monotonic() - t0, 1)
+        return victim
+
+    victim, seconds = _fault_during(fclient, lambda: trainer.fit(X, y, steps=400),
+                                    lambda: len(store.list_checkpoints(tmp_path)) >= 1, exit_cell)  # after step 100
     equal = _equal(_state(trainer), ref)
     _report("npt resident targeted os._exit of cell (1, 0)", kills=1, recoveries=trainer.recoveries_,
             seconds=seconds, bit_identical=equal)
@@ -431,28 +443,20 @@ def _killworker_plugin(delay, until):
     return WindowedKillWorker(delay=delay, mode="segfault")
 
 
-class _Seen:
+class _Seen(_Background):
     """Counts worker processes that joined the cluster (each restart has a new address)."""
+
+    join_seconds = 10.0
 
     def __init__(self, client):
         self.client, self.seen = client, set(_workers(client))
         self.initial = len(self.seen)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__()
 
     def _run(self):
         while not self._stop.wait(0.1):
             with contextlib.suppress(Exception):
                 self.seen |= set(_workers(self.client))
-
-    def __enter__(self):
-        self.t0 = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(10)
 
     @property
     def restarts(self):
@@ -490,15 +494,11 @@ def test_mgrit_task_worker_exit_is_recomputed(fclient, mgrit_data, mgrit_referen
     ref, _ = mgrit_reference
     path = tmp_path / "traj.zarr"
     trainer = _mgrit(fclient, store=path)
-    errors = []
-    thread = threading.Thread(target=lambda: _catch(errors, trainer.fit, X, y, steps=MGRIT_STEPS))
-    t0 = time.monotonic()
-    thread.start()
-    victim = None
-    try:
-        _wait_for(lambda: _mgrit_iteration(path) >= 1 or not thread.is_alive(), 120)
+
+    def exit_task_worker():
+        victim = None
         deadline = time.monotonic() + 60
-        while victim is None and thread.is_alive() and time.monotonic() < deadline:
+        while victim is None and time.monotonic() < deadline:
             for worker, keys in fclient.processing().items():
                 if any(str(k).startswith("daskann-mgrit-") and "-it" in str(k) for k in keys):
                     victim = worker
@@ -507,11 +507,9 @@ def test_mgrit_task_worker_exit_is_recomputed(fclient, mgrit_data, mgrit_referen
                 time.sleep(0.01)
         assert victim is not None, "no MGRIT task was seen running after the first iteration"
         _exit_worker(fclient, victim)
-        thread.join(240)
-    finally:
-        _settle(fclient)
-    assert not thread.is_alive() and not errors, errors
-    seconds = round(time.monotonic() - t0, 1)
+
+    _, seconds = _fault_during(fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS),
+                               lambda: _mgrit_iteration(path) >= 1, exit_task_worker)
     equal = _equal(_state(trainer), _state(ref))
     _report("mgrit targeted os._exit of a task's worker", kills=1, iterations=trainer.n_iter_, seconds=seconds,
             bit_identical=equal)
@@ -585,25 +583,20 @@ def test_partition_submodel_worker_exit_resumes_from_its_checkpoint(fclient, reg
     X, y = regression
     ref, _ = partition_reference
     trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
-    errors = []
-    thread = threading.Thread(target=lambda: _catch(errors, trainer.fit, X, y, steps=PART_STEPS))
-    t0 = time.monotonic()
-    thread.start()
-    victim = None
-    try:
-        sub1 = tmp_path / "partition" / "submodel-1"
-        _wait_for(lambda: (sub1 / store.CHECKPOINT_DIR).is_dir() and len(store.list_checkpoints(sub1)) >= 1
-                  or not thread.is_alive(), 120)
+    sub1 = tmp_path / "partition" / "submodel-1"
+
+    def exit_submodel_worker():
+        victim = None
         for worker, keys in fclient.processing().items():
             if any("submodel-1" in str(k) for k in keys):
                 victim = worker
         assert victim is not None, "sub-model 1 was not seen running after its first checkpoint"
         _exit_worker(fclient, victim)
-        thread.join(240)
-    finally:
-        _settle(fclient)
-    assert not thread.is_alive() and not errors, errors
-    seconds = round(time.monotonic() - t0, 1)
+
+    _, seconds = _fault_during(
+        fclient, lambda: trainer.fit(X, y, steps=PART_STEPS),
+        lambda: (sub1 / store.CHECKPOINT_DIR).is_dir() and len(store.list_checkpoints(sub1)) >= 1,
+        exit_submodel_worker)
     equal = _equal(_part_state(trainer), ref)
     _report("partition targeted os._exit of sub-model 1's worker", kills=1, resumed_from=_resumed_from(trainer),
             seconds=seconds, bit_identical=equal)
