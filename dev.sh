@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create or reuse a local virtual environment with daskann installed, then run
 #   bash dev.sh demo [options]   the demo on an embedded LocalCluster
-#   bash dev.sh test [pytest options]   the test suite
+#   bash dev.sh test [pytest options]   the test suite (in random order; --randomly-seed=N repeats one)
+#   bash dev.sh lint   ruff check and ruff format --check
 #   bash dev.sh <daskann command>   any other daskann command
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -35,6 +36,10 @@ case "$command" in
       exit 1
     fi
     exit "$status"
+    ;;
+  lint)
+    "$venv/bin/ruff" check .
+    "$venv/bin/ruff" format --check .
     ;;
   *)
     exec "$venv/bin/daskann" "$command" "$@"

@@ -8,10 +8,13 @@ Every dask test runs on the real distributed scheduler with worker processes
 from __future__ import annotations
 
 import contextlib
+import time
+import uuid
 
 import dask
 import pytest
 from distributed import Client
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from daskann.cluster import local_cluster
 
@@ -69,18 +72,81 @@ def client4(cluster_factory):
     return cluster_factory(4)
 
 
-def scheduler_transitions(c: Client) -> int:
-    """Number of task state transitions the scheduler has made so far."""
-    return c.run_on_scheduler(lambda dask_scheduler: dask_scheduler.transition_counter)
+class TaskLedger(SchedulerPlugin):
+    """Records, on the scheduler, the keys that graphs and transitions touch while a watch is open.
+
+    Counting the scheduler's global transitions is timing-dependent: a previous
+    test's futures may still be released while the next test runs. A watch
+    instead records keys, and keys that already existed when it opened are
+    left out, so only what the watched block submitted (or scattered) counts.
+    """
+
+    name = "daskann-test-ledger"
+
+    def __init__(self):
+        self.watches: dict[str, dict] = {}
+
+    def open(self, token: str) -> None:
+        self.watches[token] = {"before": {str(k) for k in self.scheduler.tasks}, "events": [], "submitted": []}
+
+    def close_watch(self, token: str) -> dict:
+        watch = self.watches.pop(token)
+        before = watch["before"]
+        new_events = [key for key in watch["events"] if key not in before]
+        now = {str(k) for k in self.scheduler.tasks}
+        return {"events": new_events, "keys": sorted(set(new_events) | set(watch["submitted"]) | (now - before))}
+
+    def update_graph(self, scheduler, *, tasks, **kwargs):
+        for watch in self.watches.values():
+            watch["submitted"].extend(str(key) for key in tasks)
+
+    def transition(self, key, start, finish, *args, **kwargs):
+        for watch in self.watches.values():
+            watch["events"].append(str(key))
+
+
+def _ledger(dask_scheduler, action, token):
+    plugin = dask_scheduler.plugins.get(TaskLedger.name)
+    if plugin is None:
+        plugin = TaskLedger()
+        plugin.scheduler = dask_scheduler
+        dask_scheduler.add_plugin(plugin)  # once per scheduler; watches of all tests share it
+    return plugin.open(token) if action == "open" else plugin.close_watch(token)
+
+
+class Watch:
+    """What a watched block did on the scheduler: ``keys`` it submitted or created, ``events`` (a key per transition)."""
+
+    keys: list[str]
+    events: list[str]
+
+
+@contextlib.contextmanager
+def scheduler_watch(c: Client, settle: float = 0.2):
+    """Record the keys the block submits or scatters to ``c``'s scheduler (any client of that scheduler).
+
+    ``settle`` seconds pass before the watch closes, so that messages the block
+    sent on the client's batched stream reach the scheduler first.
+    """
+    token = uuid.uuid4().hex
+    c.run_on_scheduler(_ledger, action="open", token=token)
+    watch = Watch()
+    try:
+        yield watch
+    finally:
+        time.sleep(settle)
+        record = c.run_on_scheduler(_ledger, action="close", token=token)
+        watch.keys, watch.events = record["keys"], record["events"]
 
 
 @contextlib.contextmanager
 def no_tasks_submitted(c: Client):
-    """Assert that the block submits no task to ``c``'s scheduler."""
-    before = scheduler_transitions(c)
-    yield
-    after = scheduler_transitions(c)
-    assert after == before, f"{after - before} task transitions happened; bad input must fail before submitting"
+    """Assert that the block submits (or scatters) nothing to ``c``'s scheduler."""
+    with scheduler_watch(c) as watch:
+        yield
+    assert not watch.keys, (
+        f"{len(watch.keys)} keys reached the scheduler (e.g. {watch.keys[:3]}); bad input must fail before submitting"
+    )
 
 
 def run_notebook(path, timeout: int = 600, cwd=None):

@@ -4,10 +4,12 @@ For NPT (graph and resident mode), MGRIT and partitioned training:
 
 * chaos (marked ``slow``): worker processes are killed with SIGSEGV (the
   signal of ``distributed.chaos.KillWorker(mode="segfault")``): a
-  seeded-random live worker ``first`` seconds after the start and then every
-  ``period`` seconds after the nanny restarted the previous one, up to a
-  stated number of kills (graph mode: at most one kill per checkpoint
-  interval). MGRIT also runs under the real ``KillWorker(mode="segfault")``
+  seeded-random live worker once the run has made progress (a checkpoint or
+  an MGRIT iteration committed; resident mode, which has no checkpoint here:
+  a quarter of the undisturbed run's measured time), then every ``period``
+  seconds after the nanny restarted the previous one, up to a stated number
+  of kills (graph mode: at most one kill per checkpoint interval). So a kill
+  lands mid-run however fast the machine is. MGRIT also runs under the real ``KillWorker(mode="segfault")``
   plugin (mean worker lifetime stated);
 * targeted: ``os._exit(1)`` on the worker of a chosen grid cell, MGRIT task
   or sub-model in the middle of the run, and every worker SIGKILLed at once
@@ -200,17 +202,19 @@ class Chaos(_Background):
     """Kill a seeded-random live worker with SIGSEGV every ``period`` seconds, at most ``max_kills`` times.
 
     The first kill comes ``first`` seconds after the start; each later one ``period`` seconds after the
-    nanny restarted the previous victim (so every kill hits a whole cluster).
+    nanny restarted the previous victim (so every kill hits a whole cluster). Every kill also waits until
+    ``gate()`` is true: a gate on the run's progress (a checkpoint, an MGRIT iteration) with ``first=0``
+    makes the first kill land mid-run on a machine of any speed.
 
     ``among`` (a callable giving worker addresses) narrows the victims, e.g. to the grid's workers.
     """
 
-    def __init__(self, client, *, period, max_kills, seed, among=None, first=None, gate=None):
+    def __init__(self, client, *, period, max_kills, seed, among=None, first=0.0, gate=None):
         self.client, self.period, self.max_kills = client, period, max_kills
-        self.gate = gate  # optional: a kill also waits until gate() is true (e.g. a new checkpoint)
+        self.gate = gate
         self.rng = np.random.default_rng(seed)
         self.among = among
-        self.first = period if first is None else first
+        self.first = first
         self.killed: list[str] = []
         super().__init__()
 
@@ -285,7 +289,7 @@ def test_npt_graph_chaos_is_bit_identical(fclient, regression, npt_graph_referen
         return False
 
     try:
-        with Chaos(fclient, period=3.0, max_kills=3, seed=1, first=1.0, gate=new_checkpoint) as chaos:
+        with Chaos(fclient, period=3.0, max_kills=3, seed=1, gate=new_checkpoint) as chaos:
             _, seconds = _timed(lambda: trainer.fit(X, y, steps=NPT_GRAPH_STEPS))
     finally:
         _settle(fclient)
@@ -329,10 +333,11 @@ def npt_resident_reference(fclient, regression):
 @pytest.mark.slow
 def test_npt_resident_chaos_is_bit_identical(fclient, regression, npt_resident_reference):
     X, y = regression
-    ref, _ = npt_resident_reference
+    ref, ref_seconds = npt_resident_reference
     trainer = _npt(fclient, "resident")
     try:
-        with Chaos(fclient, period=2.0, max_kills=2, seed=2, first=1.0) as chaos:
+        # no checkpoint to watch for: the first kill is sized from the undisturbed run's measured time
+        with Chaos(fclient, period=2.0, max_kills=2, seed=2, first=0.25 * ref_seconds) as chaos:
             _, seconds = _timed(lambda: trainer.fit(X, y, steps=400))
     finally:
         _settle(fclient)
@@ -404,9 +409,10 @@ def _mgrit_iteration(path):
 def test_mgrit_chaos_is_bit_identical(fclient, mgrit_data, mgrit_reference, tmp_path):
     X, y = mgrit_data
     ref, _ = mgrit_reference
-    trainer = _mgrit(fclient, store=tmp_path / "traj.zarr")
+    path = tmp_path / "traj.zarr"
+    trainer = _mgrit(fclient, store=path)
     try:
-        with Chaos(fclient, period=2.0, max_kills=3, seed=3, first=1.0) as chaos:
+        with Chaos(fclient, period=2.0, max_kills=3, seed=3, gate=lambda: _mgrit_iteration(path) >= 1) as chaos:
             _, seconds = _timed(lambda: trainer.fit(X, y, steps=MGRIT_STEPS))
     finally:
         _settle(fclient)
@@ -567,7 +573,7 @@ def test_partition_chaos_is_bit_identical(fclient, regression, partition_referen
     ref, _ = partition_reference
     trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
     try:
-        with Chaos(fclient, period=1.5, max_kills=3, seed=4, first=1.0) as chaos:
+        with Chaos(fclient, period=1.5, max_kills=3, seed=4, gate=lambda: bool(_checkpoint_paths(tmp_path))) as chaos:
             _, seconds = _timed(lambda: trainer.fit(X, y, steps=PART_STEPS))
     finally:
         _settle(fclient)

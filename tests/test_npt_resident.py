@@ -15,7 +15,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import no_tasks_submitted, scheduler_transitions
+from conftest import no_tasks_submitted, scheduler_watch
 
 from daskann import SerialTrainer, TrainingDiverged
 from daskann.data import make_linear
@@ -179,16 +179,16 @@ def test_no_scheduler_round_trip_per_step(client4, regression):
     kwargs = dict(lr=0.05, batch_size=16, seed=8)
 
     def transitions(steps):
+        """Transitions of the run's own keys, until the scheduler has forgotten them all."""
         run_id = f"daskann-npt-test-rt-{uuid.uuid4().hex[:8]}"
-        before = scheduler_transitions(client4)
-        train_resident(client4, grid, **_setup(X, y, (8,), **kwargs), start=0, stop=steps, run_id=run_id)
-        # wait until the scheduler forgot the run's keys, then count
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and client4.run_on_scheduler(
-            lambda dask_scheduler, p=run_id: any(str(k).startswith(p) for k in dask_scheduler.tasks)
-        ):
-            time.sleep(0.05)
-        return scheduler_transitions(client4) - before
+        with scheduler_watch(client4) as watch:
+            train_resident(client4, grid, **_setup(X, y, (8,), **kwargs), start=0, stop=steps, run_id=run_id)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and client4.run_on_scheduler(
+                lambda dask_scheduler, p=run_id: any(str(k).startswith(p) for k in dask_scheduler.tasks)
+            ):
+                time.sleep(0.05)
+        return sum(key.startswith(run_id) for key in watch.events)
 
     few, many = transitions(2), transitions(20)
     assert many == few, (few, many)
