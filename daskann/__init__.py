@@ -6,8 +6,11 @@ steps (:class:`MGRITTrainer`) and partitioned pre-training
 (:class:`PartitionTrainer`), each tested against :class:`SerialTrainer`.
 """
 
-from daskann._base import TrainingDiverged
+import importlib.metadata
+
+from daskann import config  # noqa: F401  (registers daskann's settings with dask.config)
 from daskann.data import BatchOrder
+from daskann.exceptions import DaskannError, TrainingDiverged
 from daskann.mgrit import MGRITTrainer
 from daskann.nn import MLP, SGD
 from daskann.npt import NPTTrainer
@@ -15,7 +18,10 @@ from daskann.partition import PartitionTrainer
 from daskann.serial import SerialTrainer
 from daskann.store import Checkpoint, StoreError, load_checkpoint, save_checkpoint
 
-__version__ = "0.1.0"
+try:
+    __version__ = importlib.metadata.version("daskann")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source tree that is not installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "MGRITTrainer",
@@ -25,6 +31,7 @@ __all__ = [
     "SGD",
     "BatchOrder",
     "Checkpoint",
+    "DaskannError",
     "SerialTrainer",
     "StoreError",
     "TrainingDiverged",

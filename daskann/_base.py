@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
+import copy
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from sklearn.base import BaseEstimator, clone
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.validation import check_is_fitted
 
 from daskann import store
+from daskann._progress import ProgressBar
+from daskann._typing import Activation, FloatDType, Loss, Output
 from daskann._validation import (
     check_choice,
     check_features,
@@ -22,28 +28,15 @@ from daskann._validation import (
     invalid,
 )
 from daskann.data import BatchOrder
-from daskann.nn import ACTIVATIONS, LOSSES, MLP, OUTPUTS, SGD
+from daskann.exceptions import TrainingDiverged
+from daskann.nn import MLP, softmax
+
+__all__ = ["BaseTrainer", "TrainingData", "TrainingDiverged"]
 
 
 #: bytes of metadata per checkpoint store, and for the history stored beside them (estimates)
 CHECKPOINT_OVERHEAD = 64 * 1024
 HISTORY_ALLOWANCE = 4 * 2**20
-
-
-class TrainingDiverged(RuntimeError):
-    """Loss, gradients or weights became NaN or Inf.
-
-    The trainer keeps the last finite state in ``model_``; :attr:`step` is the
-    step at which training stopped.
-    """
-
-    def __init__(self, step: int, what: str):
-        self.step = int(step)
-        super().__init__(
-            f"training diverged at step {self.step}: {what} became NaN or Inf; "
-            f"the model keeps the last finite state (after {self.step - 1} steps). "
-            "Lower the learning rate or the momentum."
-        )
 
 
 class TrainingData:
@@ -61,8 +54,15 @@ class TrainingData:
         return self.X.shape[1]
 
 
-class BaseTrainer:
-    """Settings and bookkeeping shared by all trainers (scikit-learn style).
+class BaseTrainer(BaseEstimator):
+    """Settings and bookkeeping shared by all trainers: scikit-learn estimators.
+
+    ``__init__`` stores every keyword unchanged, so :func:`sklearn.base.clone`,
+    ``get_params``/``set_params`` and searches such as
+    :class:`~sklearn.model_selection.GridSearchCV` work (``fit`` parameters
+    such as ``steps`` pass through). A fitted trainer predicts class labels
+    (``loss="cross_entropy"``) or outputs (``loss="mse"``) and scores by
+    accuracy or R^2.
 
     Parameters
     ----------
@@ -92,24 +92,30 @@ class BaseTrainer:
         Checkpoint every this many steps (and at the end) when
         ``checkpoint_dir`` is set.
     verbose : int
-        0 is silent; 1 shows a progress bar on stderr.
+        0 is silent; 1 shows progress on stderr: a bar on a terminal or in a
+        notebook, a plain line each tenth of the run (and at least every 10 s)
+        when stderr is a file, as in a batch job's log.
     """
 
     method = "base"
+    #: the choices this trainer implements; the numeric core offers more, which a trainer widens to once it can
+    _activations = ("relu", "leaky_relu")
+    _outputs = ("linear", "softmax")
+    _losses = ("mse", "cross_entropy")
 
     def __init__(
         self,
         hidden_sizes=(64,),
         *,
-        activation="relu",
-        output="linear",
-        loss="mse",
+        activation: Activation = "relu",
+        output: Output = "linear",
+        loss: Loss = "mse",
         lr=0.01,
         momentum=0.0,
         batch_size=32,
-        shuffle=True,
+        shuffle: bool | Literal["serialized"] = True,
         seed=0,
-        dtype="float64",
+        dtype: FloatDType = "float64",
         negative_slope=0.01,
         eval_every=None,
         checkpoint_dir=None,
@@ -132,52 +138,132 @@ class BaseTrainer:
         self.checkpoint_every = checkpoint_every
         self.verbose = verbose
 
-    # -- scikit-learn parameter protocol ----------------------------------------
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        names = []
-        for klass in cls.__mro__:
-            if "__init__" in vars(klass):
-                sig = inspect.signature(klass.__init__)
-                names += [p for p in sig.parameters if p != "self" and p not in names]
-                if klass is BaseTrainer:
-                    break
-        return names
+    # -- scikit-learn estimator protocol ------------------------------------------
+    def __sklearn_clone__(self):
+        # as sklearn's clone, which deep-copies every parameter, except that a
+        # client is a connection: the clone shares it (a deep copy cannot be made)
+        params = {
+            name: value if name == "client" else clone(value, safe=False)
+            for name, value in self.get_params(deep=False).items()
+        }
+        new = type(self)(**params)
+        for name in ("_metadata_request", "_sklearn_output_config"):
+            if name in self.__dict__:
+                setattr(new, name, copy.deepcopy(self.__dict__[name]))
+        return new
 
-    def get_params(self, deep: bool = True) -> dict:
-        return {name: getattr(self, name) for name in self._param_names()}
+    def __sklearn_is_fitted__(self) -> bool:
+        # attributes such as partition_ or history_ can exist after a failed fit; a model cannot
+        return hasattr(self, "model_")
 
-    def set_params(self, **params):
-        valid = self._param_names()
-        for name, value in params.items():
-            if name not in valid:
-                raise invalid("parameter name", name, "one of " + ", ".join(valid))
-            setattr(self, name, value)
-        return self
+    def __sklearn_tags__(self):
+        from sklearn.utils import ClassifierTags, RegressorTags
 
-    def __repr__(self) -> str:
-        defaults = {}
-        for klass in type(self).__mro__:
-            if "__init__" in vars(klass):
-                for p in inspect.signature(klass.__init__).parameters.values():
-                    defaults.setdefault(p.name, p.default)
-        changed = [
-            f"{k}={v!r}" for k, v in self.get_params().items() if not _same(defaults.get(k, inspect.Parameter.empty), v)
-        ]
-        return f"{type(self).__name__}({', '.join(changed)})"
+        tags = super().__sklearn_tags__()
+        tags.target_tags.required = True
+        if self._fitted_loss() == "cross_entropy":
+            tags.estimator_type, tags.classifier_tags = "classifier", ClassifierTags()
+        else:
+            tags.estimator_type, tags.regressor_tags = "regressor", RegressorTags()
+        return tags
+
+    def _fitted_loss(self) -> str:
+        """The loss of the fitted model (``set_params`` after fit does not change it), else the setting."""
+        settings = self.__dict__.get("_settings")
+        return settings["loss"] if settings is not None else self.loss
+
+    def _has_proba(self) -> bool:
+        if self._fitted_loss() != "cross_entropy":
+            raise AttributeError(
+                f"predict_proba needs loss='cross_entropy'; this {type(self).__name__} has "
+                f"loss={self._fitted_loss()!r} (predict gives its outputs)"
+            )
+        return True
+
+    @property
+    def classes_(self) -> np.ndarray:
+        """Class labels ``0 .. n_classes - 1`` (``loss="cross_entropy"`` only)."""
+        check_is_fitted(self)
+        if self._fitted_loss() != "cross_entropy":
+            raise AttributeError(f"classes_ needs loss='cross_entropy', not loss={self._fitted_loss()!r}")
+        return np.arange(self.model_.sizes[-1])
+
+    def _check_predict_input(self, X) -> np.ndarray:
+        check_is_fitted(self)
+        return check_features(X, name="X", dtype=self.model_.dtype, n_features=self.model_.sizes[0])
+
+    def predict(self, X) -> np.ndarray:
+        """Class labels (``loss="cross_entropy"``) or network outputs (``loss="mse"``).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray
+            Integer labels of shape ``(n_samples,)``, or outputs of shape
+            ``(n_samples, n_outputs)`` (``(n_samples,)`` for one output).
+
+        Raises
+        ------
+        sklearn.exceptions.NotFittedError
+            Before ``fit``.
+        """
+        X = self._check_predict_input(X)
+        if self._fitted_loss() == "cross_entropy":
+            return self.model_.predict_class(X)
+        out = self.model_.predict(X)
+        return out[:, 0] if out.shape[1] == 1 else out
+
+    @available_if(_has_proba)
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities: the softmax of the network's output (``loss="cross_entropy"`` only).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+            Rows sum to one; column ``c`` is class ``c``.
+        """
+        X = self._check_predict_input(X)
+        return softmax(self.model_.forward(X))
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Accuracy (``loss="cross_entropy"``) or coefficient of determination R^2 (``loss="mse"``).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like
+            True labels or targets.
+        sample_weight : array-like of shape (n_samples,), optional
+
+        Returns
+        -------
+        float
+            Higher is better, as scikit-learn's searches expect.
+        """
+        from sklearn.metrics import accuracy_score, r2_score  # not needed to train: imported when scoring
+
+        predicted = self.predict(X)
+        metric = accuracy_score if self._fitted_loss() == "cross_entropy" else r2_score
+        return float(metric(np.asarray(y), predicted, sample_weight=sample_weight))
 
     # -- checks ---------------------------------------------------------------
     def _check_settings(self) -> dict:
         """Validated copy of the settings; raises before anything runs."""
         s = {
             "hidden_sizes": check_hidden_sizes(self.hidden_sizes),
-            "activation": check_choice("activation", self.activation, ACTIVATIONS),
-            "output": check_choice("output", self.output, OUTPUTS),
-            "loss": check_choice("loss", self.loss, LOSSES),
+            "activation": check_choice("activation", self.activation, self._activations),
+            "output": check_choice("output", self.output, self._outputs),
+            "loss": check_choice("loss", self.loss, self._losses),
             "lr": check_learning_rate(self.lr),
             "momentum": check_momentum(self.momentum),
-            "batch_size": check_int("batch_size", self.batch_size),
-            "shuffle": bool(self.shuffle),
+            **self._check_batch_order(),
             "seed": check_int("seed", self.seed, minimum=0),
             "dtype": check_float_dtype(self.dtype),
             "negative_slope": check_float("negative_slope", self.negative_slope, minimum=0.0),
@@ -194,6 +280,10 @@ class BaseTrainer:
             store.RunLock(self.checkpoint_dir).check_free("checkpoint_dir")
         return s
 
+    def _check_batch_order(self) -> dict:
+        """``batch_size`` and ``shuffle``: an integer and a flag (serial training also takes more)."""
+        return {"batch_size": check_int("batch_size", self.batch_size), "shuffle": bool(self.shuffle)}
+
     def _run_lock(self):
         """Exclusive claim on ``checkpoint_dir`` for the length of a fit (a no-op without one)."""
         if self.checkpoint_dir is None:
@@ -208,7 +298,7 @@ class BaseTrainer:
         n_out = model.sizes[-1] if model is not None else None
         X = check_features(X, name="X", dtype=dtype, n_features=n_in)
         y, n_outputs = check_targets(y, loss=settings["loss"], n_samples=X.shape[0], dtype=dtype, n_outputs=n_out)
-        if settings["batch_size"] > X.shape[0]:
+        if settings["batch_size"] is not None and settings["batch_size"] > X.shape[0]:
             raise invalid("batch_size", settings["batch_size"], f"at most the number of samples ({X.shape[0]})")
         validation = None
         if validation_data is not None:
@@ -216,14 +306,19 @@ class BaseTrainer:
                 raise invalid("validation_data", type(validation_data).__name__, "a pair (X_val, y_val)", TypeError)
             Xv = check_features(validation_data[0], name="validation_data[0]", dtype=dtype, n_features=X.shape[1])
             yv, _ = check_targets(
-                validation_data[1], loss=settings["loss"], n_samples=Xv.shape[0], name="validation_data[1]",
-                dtype=dtype, n_outputs=n_outputs,
+                validation_data[1],
+                loss=settings["loss"],
+                n_samples=Xv.shape[0],
+                name="validation_data[1]",
+                dtype=dtype,
+                n_outputs=n_outputs,
             )
             validation = (Xv, yv)
         return TrainingData(X, y, n_outputs, validation)
 
-    def _check_checkpoint_space(self, settings, sizes, start: int, stop: int, *, count: int | None = None,
-                                extra_steps: int = 0) -> None:
+    def _check_checkpoint_space(
+        self, settings, sizes, start: int, stop: int, *, count: int | None = None, extra_steps: int = 0
+    ) -> None:
         """Refuse, before any work, a run whose checkpoints cannot fit in ``checkpoint_dir``.
 
         ``count`` checkpoints (by default those that ``checkpoint_every``
@@ -252,22 +347,31 @@ class BaseTrainer:
 
     # -- set-up -----------------------------------------------------------------
     def _initial_model(self, settings, n_features, n_outputs, init_model: MLP | None) -> MLP:
+        bias = settings.get("bias", True)
         if init_model is not None:
             if not isinstance(init_model, MLP):
                 raise invalid("init_model", type(init_model).__name__, "an MLP", TypeError)
             expected = (n_features, *settings["hidden_sizes"], n_outputs)
             if tuple(init_model.sizes) != expected:
                 raise invalid("init_model", init_model, f"an MLP of sizes {list(expected)}")
+            if init_model.bias != bias:
+                raise invalid("init_model", init_model, f"an MLP with bias={bias}, as this trainer's bias")
             model = MLP.from_arrays(
-                init_model.weights, init_model.biases, activation=settings["activation"],
-                output=settings["output"], negative_slope=settings["negative_slope"],
+                init_model.weights,
+                init_model.biases,
+                activation=settings["activation"],
+                output=settings["output"],
+                negative_slope=settings["negative_slope"],
+                bias=bias,
             )
             if model.dtype != settings["dtype"]:
                 model = MLP.from_arrays(
                     [w.astype(settings["dtype"]) for w in model.weights],
                     [b.astype(settings["dtype"]) for b in model.biases],
-                    activation=settings["activation"], output=settings["output"],
+                    activation=settings["activation"],
+                    output=settings["output"],
                     negative_slope=settings["negative_slope"],
+                    bias=bias,
                 )
             return model
         return MLP(
@@ -277,6 +381,7 @@ class BaseTrainer:
             dtype=settings["dtype"],
             seed=settings["seed"],
             negative_slope=settings["negative_slope"],
+            bias=bias,
         )
 
     def _batch_order(self, settings, n_samples: int) -> BatchOrder:
@@ -303,15 +408,16 @@ class BaseTrainer:
                 mismatches.append(f"{key} {found[key]!r} != {settings[key]!r}")
         if found["dtype"] != settings["dtype"].name:
             mismatches.append(f"dtype {found['dtype']!r} != {settings['dtype'].name!r}")
+        bias = settings.get("bias", True)
+        if ckpt.model.bias != bias:
+            mismatches.append(f"bias={bias} but the checkpoint's model has {'biases' if ckpt.model.bias else 'none'}")
         for key, value in self._training_config(settings).items():
             if key != "method" and ckpt.training.get(key) != value:
                 mismatches.append(f"{key} {ckpt.training.get(key)!r} != {value!r}")
         if ckpt.batch_order != order.get_state():
             mismatches.append(f"batch order {ckpt.batch_order} != {order.get_state()}")
         if mismatches:
-            raise store.StoreError(
-                f"resume={str(resume)!r} does not match this training: " + "; ".join(mismatches)
-            )
+            raise store.StoreError(f"resume={str(resume)!r} does not match this training: " + "; ".join(mismatches))
         return ckpt
 
     # -- results -----------------------------------------------------------------
@@ -350,19 +456,17 @@ class BaseTrainer:
         """Write the fitted model and optimiser state as a checkpoint store."""
         self._check_fitted()
         ckpt = store.Checkpoint(
-            model=self.model_, velocity=self.velocity_, step=self.n_steps_,
-            batch_order=self.batch_order_.get_state(), training=self._training_config(self._settings),
+            model=self.model_,
+            velocity=self.velocity_,
+            step=self.n_steps_,
+            batch_order=self.batch_order_.get_state(),
+            training=self._training_config(self._settings),
         )
         return store.save_checkpoint(path, ckpt)
 
     def _check_fitted(self) -> None:
-        if not hasattr(self, "model_"):
-            raise RuntimeError(f"this {type(self).__name__} is not fitted yet; call fit first")
+        check_is_fitted(self)
 
-
-def _same(a, b) -> bool:
-    try:
-        return bool(a == b) if not isinstance(a, np.ndarray) else False
-    except Exception:
-        return False
-
+    def _progress_bar(self, total: int, label: str, *, unit: str = "step", initial: int = 0) -> ProgressBar:
+        """The run's progress display: nothing with ``verbose=0``, a bar or plain lines from 1 on."""
+        return ProgressBar(total, label, enabled=bool(self.verbose), unit=unit, initial=initial)

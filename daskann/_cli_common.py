@@ -8,8 +8,11 @@ saves and prints the summary (``--json`` for machines).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import logging
+import re
 import time
 from pathlib import Path
 
@@ -31,20 +34,53 @@ def _int_list(ctx, param, value):
 def training_options(func):
     """Network, optimiser and schedule options (the serial trainer's settings)."""
     options = [
-        click.option("--hidden", default="64", show_default=True, callback=_int_list,
-                     help="Hidden layer widths, comma-separated."),
-        click.option("--activation", type=click.Choice(["relu", "leaky_relu"]), default="relu", show_default=True),
-        click.option("--output-activation", type=click.Choice(["linear", "softmax"]), default=None,
-                     help="Output layer: linear (default for regression) or softmax (default for classification)."),
-        click.option("--loss", type=click.Choice(["mse", "cross_entropy"]), default=None,
-                     help="Loss; defaults to the data set's natural loss."),
+        click.option(
+            "--hidden",
+            default="64",
+            show_default=True,
+            callback=_int_list,
+            help="Hidden layer widths, comma-separated.",
+        ),
+        click.option(
+            "--activation",
+            type=click.Choice(["relu", "leaky_relu"]),
+            default="relu",
+            show_default=True,
+            help="Activation of the hidden layers.",
+        ),
+        click.option(
+            "--output-activation",
+            type=click.Choice(["linear", "softmax"]),
+            default="linear",
+            show_default=True,
+            help="Output layer activation. The cross_entropy loss applies softmax to the outputs itself, "
+            "so linear (raw logits) suits classification too.",
+        ),
+        click.option(
+            "--loss",
+            type=click.Choice(["mse", "cross_entropy"]),
+            default=None,
+            help="Loss; defaults to the data set's natural loss.",
+        ),
         click.option("--steps", type=int, default=None, help="Training steps (default: 200 unless --epochs)."),
         click.option("--epochs", type=int, default=None, help="Training epochs instead of steps."),
-        click.option("--batch-size", type=int, default=64, show_default=True),
+        click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per training step."),
         click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate."),
-        click.option("--momentum", type=float, default=0.0, show_default=True),
-        click.option("--dtype", type=click.Choice(["float64", "float32"]), default="float64", show_default=True),
-        click.option("--seed", type=int, default=0, show_default=True),
+        click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum in [0, 1)."),
+        click.option(
+            "--dtype",
+            type=click.Choice(["float64", "float32"]),
+            default="float64",
+            show_default=True,
+            help="Floating-point type of the data and the weights.",
+        ),
+        click.option(
+            "--seed",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Seed of the weights, the data split and the batch order.",
+        ),
         click.option("--no-shuffle", is_flag=True, help="Walk the rows in order instead of shuffling each epoch."),
         click.option("--eval-every", type=int, default=None, help="Validate every N steps (default: every epoch)."),
     ]
@@ -58,14 +94,30 @@ def data_options(func):
     from daskann.data import DATASETS
 
     options = [
-        click.option("--dataset", type=click.Choice(list(DATASETS)), default="linear", show_default=True),
+        click.option(
+            "--dataset",
+            type=click.Choice(list(DATASETS)),
+            default="linear",
+            show_default=True,
+            help="Data set to train on.",
+        ),
         click.option("--n-samples", type=int, default=None, help="Samples to generate (linear, mnist1d)."),
         click.option("--n-features", type=int, default=None, help="Input width of the linear data."),
         click.option("--n-outputs", type=int, default=None, help="Output width of the linear data."),
         click.option("--noise", type=float, default=0.1, show_default=True, help="Noise level of the linear data."),
-        click.option("--data-path", type=click.Path(file_okay=False, path_type=Path), default=None,
-                     help="Folder with MNIST IDX files or CIFAR-10 python batches."),
-        click.option("--val-fraction", type=float, default=0.2, show_default=True),
+        click.option(
+            "--data-path",
+            type=click.Path(file_okay=False, path_type=Path),
+            default=None,
+            help="Folder with MNIST IDX files or CIFAR-10 python batches.",
+        ),
+        click.option(
+            "--val-fraction",
+            type=float,
+            default=0.2,
+            show_default=True,
+            help="Share of the rows held out for validation.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -75,8 +127,13 @@ def data_options(func):
 def output_options(func):
     """Output folder, resume and report options."""
     options = [
-        click.option("--output", "-o", type=click.Path(path_type=Path), default=None,
-                     help="Run folder for checkpoints, history and the final model."),
+        click.option(
+            "--output",
+            "-o",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="Run folder for checkpoints, history and the final model.",
+        ),
         click.option("--checkpoint-every", type=int, default=None, help="Checkpoint every N steps."),
         click.option("--overwrite", is_flag=True, help="Replace an earlier run in --output."),
         click.option("--resume", is_flag=True, help="Continue the run in --output from its last good checkpoint."),
@@ -92,25 +149,120 @@ def cluster_options(func):
     """Where the Dask work runs."""
     options = [
         click.option("--address", default=None, help="Scheduler address (default: an embedded LocalCluster)."),
-        click.option("--profile", default=None, help="dask-jobqueue profile from cluster/ (slurm, pbs) or a YAML path."),
-        click.option("--workers", type=int, default=None, help="Workers of the embedded cluster (or jobs of a profile)."),
+        click.option("--profile", default=None, help="dask-jobqueue profile (slurm, pbs) or a YAML path."),
+        click.option(
+            "--workers", type=int, default=None, help="Workers of the embedded cluster (or jobs of a profile)."
+        ),
     ]
     for option in reversed(options):
         func = option(func)
     return func
 
 
+#: Python parameters whose command-line option has another destination name
+PARAMETER_OPTIONS = {"hidden_sizes": "hidden", "path": "data_path", "cf_iter": "relaxation"}
+_ERRORS = (ValueError, TypeError, FileNotFoundError, ConnectionError, store.StoreError)
+# "name=value is not valid: ..." (daskann._validation.invalid); "a/b=..." for pairs of parameters,
+# "name[i]=..." for an entry of a list
+_PARAMETER_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:/[A-Za-z_]\w*)*)(?:\[\d+\])?=")
+
+
+def _option_flags(aliases: dict[str, str]) -> dict[str, str]:
+    """Flag of each parameter name of the running command (``lr`` -> ``--lr``)."""
+    ctx = click.get_current_context(silent=True)
+    params = ctx.command.params if ctx is not None else []
+    flags = {p.name: max(p.opts, key=len) for p in params if isinstance(p, click.Option)}
+    for name, dest in {**PARAMETER_OPTIONS, **aliases}.items():
+        if dest in flags:
+            flags[name] = flags[dest]
+    return flags
+
+
+def flag_message(message: str, aliases: dict[str, str] | None = None) -> str:
+    """``message`` with its leading parameter name replaced by the option's flag.
+
+    ``"batch_size=0 is not valid: ..."`` becomes ``"--batch-size=0 is not
+    valid: ..."``; a message that names no option of the running command is
+    left as it is.
+    """
+    match = _PARAMETER_PREFIX.match(message)
+    if match is None:
+        return message
+    flags = _option_flags(aliases or {})
+    names = match.group(1).split("/")
+    if not all(name in flags for name in names):
+        return message
+    return "/".join(flags[name] for name in names) + message[match.end(1) :]
+
+
+@contextlib.contextmanager
+def option_errors(aliases: dict[str, str] | None = None):
+    """Turn daskann's input errors raised inside into one-line click errors naming the flag.
+
+    ``aliases`` maps a parameter name to the destination of its option where
+    the two differ in this command only (``{"noise": "merge_noise"}``).
+    """
+    try:
+        yield
+    except _ERRORS as exc:
+        raise click.ClickException(flag_message(str(exc), aliases)) from exc
+
+
 def cli_errors(func):
-    """Turn daskann's input errors into one-line click errors."""
+    """Turn daskann's input errors into one-line click errors that name the flag (``--lr``)."""
 
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        try:
+        with option_errors():
             return func(*args, **kwargs)
-        except (ValueError, TypeError, FileNotFoundError, ConnectionError, store.StoreError) as exc:
-            raise click.ClickException(str(exc)) from exc
 
     return wrapper
+
+
+def connect(opts: dict, *, quiet: bool = False):
+    """The client the cluster options ask for; its dashboard link on stderr unless ``quiet``."""
+    from daskann.cluster import client
+
+    c = client(address=opts.get("address"), profile=opts.get("profile"), n_workers=opts.get("workers"), quiet=True)
+    if not quiet:
+        echo_dashboard(c)
+    return c
+
+
+def echo_dashboard(c) -> None:
+    """Print the dashboard link of ``c`` on stderr (stdout stays for results and ``--json``)."""
+    link = getattr(c, "dashboard_link", None)
+    if link:
+        click.echo(f"Dask dashboard: {link}", err=True)
+
+
+class _EchoHandler(logging.Handler):
+    """Log records on click's stderr (resolved at each record, so it follows test runners' streams)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(self.format(record), err=True)
+        except Exception:  # pragma: no cover - as logging.StreamHandler
+            self.handleError(record)
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def setup_logging(level: str) -> None:
+    """Print daskann's log records of ``level`` and above on stderr while the command runs."""
+    logger = logging.getLogger("daskann")
+    previous = logger.level
+    handler = _EchoHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+
+    def restore():
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+
+    click.get_current_context().call_on_close(restore)
 
 
 def load_data(opts: dict):
@@ -133,7 +285,7 @@ def load_data(opts: dict):
 def trainer_settings(opts: dict, dataset) -> dict:
     """Keyword arguments of :class:`daskann._base.BaseTrainer` from the options."""
     loss = opts.get("loss") or dataset.loss
-    output = opts.get("output_activation") or "linear"
+    output = opts.get("output_activation") or "linear"  # cross_entropy takes logits
     return {
         "hidden_sizes": opts["hidden"],
         "activation": opts["activation"],
@@ -186,8 +338,10 @@ def print_summary(summary: dict, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
-    parts = [f"{summary['method']}: {summary['dataset']} net {'-'.join(map(str, summary['sizes']))}",
-             f"{summary['steps']} steps in {summary['seconds']:.2f} s"]
+    parts = [
+        f"{summary['method']}: {summary['dataset']} net {'-'.join(map(str, summary['sizes']))}",
+        f"{summary['steps']} steps in {summary['seconds']:.2f} s",
+    ]
     if "val_accuracy" in summary:
         parts.append(f"validation accuracy {summary['val_accuracy']:.3f}")
     parts.append(f"validation loss {summary['val_loss']:.4g}")
@@ -212,8 +366,13 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
             if not (output / store.RUN_MARKER).exists():
                 raise ValueError(f"output={str(output)!r} is not valid: --resume needs an existing daskann run folder")
             resume = output
-        store.prepare_run_dir(output, method=method, config=_json_safe(settings), overwrite=opts.get("overwrite", False),
-                              resume=bool(opts.get("resume")))
+        store.prepare_run_dir(
+            output,
+            method=method,
+            config=_json_safe(settings),
+            overwrite=opts.get("overwrite", False),
+            resume=bool(opts.get("resume")),
+        )
         settings["checkpoint_dir"] = output
     elif opts.get("resume"):
         raise ValueError("resume needs --output, the run folder to continue")
@@ -227,8 +386,14 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
     if output is not None:
         store.save_history(trainer.history_, output / "history.zarr")
         trainer.save(output / "model.zarr")
-    summary = summarize(trainer, dataset, method=method, seconds=seconds, output=output,
-                        extra=extra(trainer) if callable(extra) else extra)
+    summary = summarize(
+        trainer,
+        dataset,
+        method=method,
+        seconds=seconds,
+        output=output,
+        extra=extra(trainer) if callable(extra) else extra,
+    )
     print_summary(summary, opts.get("as_json", False))
     return summary
 
@@ -242,6 +407,19 @@ def echo_err(message: str) -> None:
 
 
 __all__ = [
-    "cli_errors", "cluster_options", "data_options", "load_data", "output_options", "print_summary",
-    "run_training", "summarize", "trainer_settings", "training_options",
+    "cli_errors",
+    "cluster_options",
+    "connect",
+    "data_options",
+    "echo_dashboard",
+    "flag_message",
+    "load_data",
+    "option_errors",
+    "output_options",
+    "print_summary",
+    "run_training",
+    "setup_logging",
+    "summarize",
+    "trainer_settings",
+    "training_options",
 ]

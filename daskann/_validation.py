@@ -146,7 +146,9 @@ def check_targets(y, *, loss: str, n_samples: int, name: str = "y", dtype=np.flo
     if y.ndim == 1:
         y = y[:, None]
     if y.ndim != 2 or not np.issubdtype(y.dtype, np.floating):
-        raise invalid(name, f"array of shape {y.shape} and dtype {y.dtype}", "a 2-d float array of regression targets", TypeError)
+        raise invalid(
+            name, f"array of shape {y.shape} and dtype {y.dtype}", "a 2-d float array of regression targets", TypeError
+        )
     if n_outputs is not None and y.shape[1] != n_outputs:
         raise invalid(name, f"array of shape {y.shape}", f"{n_outputs} columns, as the network's output layer")
     bad = ~np.isfinite(y)

@@ -8,11 +8,14 @@ import time
 import click
 
 from daskann._cli_common import (
+    LOG_LEVELS,
     cli_errors,
     data_options,
+    echo_dashboard,
     output_options,
     print_summary,
     run_training,
+    setup_logging,
     training_options,
 )
 
@@ -58,14 +61,24 @@ class LazyGroup(click.Group):
         return super().get_command(ctx, name)
 
 
-@click.group(cls=LazyGroup, lazy=TOP_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group("daskann", cls=LazyGroup, lazy=TOP_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="daskann")
-def main():
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="warning",
+    show_default=True,
+    help="Print daskann's log messages of this level and above on stderr.",
+)
+def main(log_level):
     """Train neural networks in parallel on Dask.
 
     Methods: serial (the reference), npt (Cannon network-parallel training),
     mgrit (multigrid over training steps), partition (partitioned pre-training).
+    Settings such as timeouts live in Dask's configuration under 'daskann'
+    ('dask config get daskann', DASK_DASKANN__... environment variables).
     """
+    setup_logging(log_level)
 
 
 @main.group(cls=LazyGroup, lazy=TRAIN_COMMANDS)
@@ -100,11 +113,12 @@ def demo(workers, as_json):
     from daskann.cluster import close
 
     start = time.perf_counter()
-    c = make_client(n_workers=workers, quiet=as_json)
+    c = make_client(n_workers=workers, quiet=True)
     try:
         if not as_json:
-            click.echo(f"daskann demo on an embedded LocalCluster: {workers} workers, dashboard {c.dashboard_link}")
-        for name, spec in DEMOS:
+            echo_dashboard(c)
+            click.echo(f"daskann demo on an embedded LocalCluster: {workers} workers")
+        for _name, spec in DEMOS:
             summary = _load(spec)(c)
             print_summary(summary, as_json)
     finally:
@@ -115,13 +129,24 @@ def demo(workers, as_json):
 
 @main.command()
 @click.argument("path", type=click.Path(exists=True))
-@click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the report as JSON: ok, and the status (and any detail) of each item.",
+)
 @cli_errors
 def verify(path, as_json):
-    """Check a checkpoint, history or run folder against its checksums."""
+    """Check a checkpoint, history or run folder against its checksums.
+
+    PATH is a checkpoint or history store, or a run folder written by
+    'daskann train ... --output'. Prints one line per store (ok, damaged
+    or orphan) and exits with status 1 if any is not ok.
+    """
     import json
     from pathlib import Path
 
+    import daskann.mgrit  # noqa: F401  (registers the MGRIT trajectory verifier with the store)
     from daskann.store import verify_path
 
     report = verify_path(Path(path))

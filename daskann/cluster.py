@@ -7,8 +7,9 @@
   waiting at most ``timeout`` seconds. A plain ``tcp://`` address that is not
   loopback is refused unless ``insecure=True``: Dask's tcp protocol is
   unauthenticated and anyone who reaches the scheduler can run code on it.
-* ``client(profile="slurm")`` starts a dask-jobqueue cluster from
-  ``cluster/<profile>.yaml`` (or a path to such a file).
+* ``client(profile="slurm")`` starts a dask-jobqueue cluster from a shipped
+  profile (``daskann/profiles/<profile>.yaml``, documented copy in the
+  repository's ``cluster/``) or a path to such a file.
 
 See ``cluster/README.md`` for the profile format, the sbatch example, TLS and
 reaching the dashboard through an SSH tunnel.
@@ -22,6 +23,7 @@ import logging
 import os
 import stat
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -30,6 +32,7 @@ import yaml
 from distributed import Client, LocalCluster
 from distributed.security import Security
 
+from daskann import config
 from daskann._validation import check_float, check_int, invalid
 
 logger = logging.getLogger(__name__)
@@ -43,13 +46,11 @@ BLAS_ONE_THREAD = {
     "NUMEXPR_NUM_THREADS": "1",
 }
 
-#: folder of the shipped profiles; ``DASKANN_PROFILE_DIR`` adds folders searched first
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "cluster"
+#: folder of the shipped profiles (package data); ``DASKANN_PROFILE_DIR`` adds folders searched first
+PROFILE_DIR = resources.files("daskann") / "profiles"
 JOBQUEUE_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster"}
 PROFILE_KEYS = ("kind", "cluster", "scale", "security", "description")
 SCALE_KEYS = ("jobs", "n", "cores", "memory")
-#: where jobqueue writes the temporary TLS key and certificates the worker jobs read
-DEFAULT_TLS_DIR = "~/.daskann/tls"
 #: the scheduler of a profile serves its dashboard on loopback only (reach it by SSH tunnel)
 DEFAULT_SCHEDULER_OPTIONS = {"dashboard_address": "127.0.0.1:8787"}
 
@@ -138,8 +139,9 @@ def local_cluster(
     """
     for fixed in ("host", "processes", "dashboard_address", "ip"):
         if fixed in kwargs:
-            raise invalid(fixed, kwargs[fixed], "not set: daskann's embedded cluster is process-based on 127.0.0.1",
-                          TypeError)
+            raise invalid(
+                fixed, kwargs[fixed], "not set: daskann's embedded cluster is process-based on 127.0.0.1", TypeError
+            )
     threads_per_worker = check_int("threads_per_worker", threads_per_worker)
     n_workers = check_int("n_workers", n_workers if n_workers is not None else _default_workers(threads_per_worker))
     # Nannies read the pre-spawn environment when created, i.e. inside LocalCluster(...);
@@ -169,17 +171,31 @@ def _default_workers(threads_per_worker: int) -> int:
     return max(1, (os.cpu_count() or 1) // threads_per_worker)
 
 
-def _profile_dirs() -> list[Path]:
+def _profile_dirs() -> list:
+    """Folders searched for a profile name: ``DASKANN_PROFILE_DIR``'s, then the shipped one.
+
+    The shipped folder is an :mod:`importlib.resources` traversable (a plain
+    path unless daskann is imported from a zip file), so only its
+    ``is_dir``/``iterdir``/``is_file``/``read_text`` are used.
+    """
     extra = [Path(p).expanduser() for p in os.environ.get("DASKANN_PROFILE_DIR", "").split(os.pathsep) if p]
     return [*extra, PROFILE_DIR]
 
 
 def available_profiles() -> list[str]:
     """Names of the profiles :func:`load_profile` finds by name."""
-    return sorted({p.stem for d in _profile_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+    return sorted(
+        {
+            p.name.removesuffix(".yaml")
+            for d in _profile_dirs()
+            if d.is_dir()
+            for p in d.iterdir()
+            if p.name.endswith(".yaml") and p.is_file()
+        }
+    )
 
 
-def _profile_path(profile) -> Path:
+def _profile_path(profile):
     if not isinstance(profile, (str, os.PathLike)) or not str(profile):
         raise invalid("profile", profile, "a profile name or a path to a YAML file", TypeError)
     path = Path(profile).expanduser()
@@ -188,13 +204,15 @@ def _profile_path(profile) -> Path:
             return path
     else:
         for folder in _profile_dirs():
-            if (folder / f"{profile}.yaml").is_file():
-                return folder / f"{profile}.yaml"
+            candidate = folder / f"{profile}.yaml"
+            if candidate.is_file():
+                return candidate
     available = available_profiles()
     raise invalid(
         "profile",
         str(profile),
-        "an existing YAML file or one of " + (", ".join(map(repr, available)) or "(no profiles found)")
+        "an existing YAML file or one of "
+        + (", ".join(map(repr, available)) or "(no profiles found)")
         + f" (searched {', '.join(str(d) for d in _profile_dirs())})",
         FileNotFoundError,
     )
@@ -213,9 +231,9 @@ def load_profile(profile: str | os.PathLike) -> dict:
     Parameters
     ----------
     profile : str or path
-        A name (``"slurm"`` finds ``cluster/slurm.yaml``; folders listed in the
-        ``DASKANN_PROFILE_DIR`` environment variable are searched first) or a
-        path to a ``.yaml`` file.
+        A name (``"slurm"`` finds the shipped ``daskann/profiles/slurm.yaml``;
+        folders listed in the ``DASKANN_PROFILE_DIR`` environment variable are
+        searched first) or a path to a ``.yaml`` file.
 
     Returns
     -------
@@ -224,7 +242,7 @@ def load_profile(profile: str | os.PathLike) -> dict:
     """
     path = _profile_path(profile)
     try:
-        spec = yaml.safe_load(path.read_text())
+        spec = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise invalid("profile", str(path), f"valid YAML ({exc})") from exc
     spec = {} if spec is None else spec
@@ -277,8 +295,9 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
     Every worker process runs one thread (``processes`` equals ``cores``) and
     one BLAS thread. With TLS (``security: true`` in the profile, or the
     ``security`` argument), the temporary key and certificates the jobs read
-    are written to ``shared_temp_directory`` (default ``~/.daskann/tls``), a
-    folder made private (0700); it must be visible from the compute nodes.
+    are written to ``shared_temp_directory`` (default: the dask config value
+    ``daskann.cluster.tls-directory``, ``~/.daskann/tls``), a folder made
+    private (0700); it must be visible from the compute nodes.
 
     Parameters
     ----------
@@ -308,11 +327,15 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
         raise invalid(f"cores in {where}", cores, "a positive integer: worker processes per job")
     processes = options.setdefault("processes", cores)
     if processes != cores:
-        raise invalid(f"processes in {where}", processes,
-                      f"equal to cores ({cores}): daskann runs one thread per worker process")
+        raise invalid(
+            f"processes in {where}", processes, f"equal to cores ({cores}): daskann runs one thread per worker process"
+        )
 
-    scheduler_options = {**DEFAULT_SCHEDULER_OPTIONS, **(spec["cluster"].get("scheduler_options") or {}),
-                         **(overrides.get("scheduler_options") or {})}
+    scheduler_options = {
+        **DEFAULT_SCHEDULER_OPTIONS,
+        **(spec["cluster"].get("scheduler_options") or {}),
+        **(overrides.get("scheduler_options") or {}),
+    }
     _check_dashboard(scheduler_options.get("dashboard_address"))
     options["scheduler_options"] = scheduler_options
 
@@ -321,7 +344,9 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
     else:
         options.pop("security", None)
     if security:
-        options["shared_temp_directory"] = _private_dir(options.get("shared_temp_directory") or DEFAULT_TLS_DIR)
+        options["shared_temp_directory"] = _private_dir(
+            options.get("shared_temp_directory") or config.get("cluster.tls-directory")
+        )
         options["security"] = security
     elif "shared_temp_directory" in options:
         options["shared_temp_directory"] = str(Path(os.path.expandvars(options["shared_temp_directory"])).expanduser())
@@ -342,7 +367,7 @@ def client(
     threads_per_worker: int = 1,
     security: Security | bool | None = None,
     insecure: bool = False,
-    timeout: float = 10,
+    timeout: float | None = None,
     dashboard: bool = True,
     quiet: bool = False,
 ) -> Client:
@@ -353,7 +378,7 @@ def client(
     address : str, optional
         Scheduler to connect to. The wait is bounded by ``timeout``.
     profile : str or path, optional
-        Name of a profile in ``cluster/`` (``"slurm"``, ``"pbs"``) or a YAML path.
+        Name of a shipped profile (``"slurm"``, ``"pbs"``) or a YAML path.
     n_workers : int, optional
         Workers of the embedded cluster (default: one per core), or jobs to
         start for a profile (default: the profile's ``scale``).
@@ -364,12 +389,13 @@ def client(
         profile, ``True`` means a temporary self-signed certificate.
     insecure : bool
         Accept a plain ``tcp://`` address that is not loopback.
-    timeout : float
-        Seconds to wait for a scheduler.
+    timeout : float, optional
+        Seconds to wait for a scheduler (default: the dask config value
+        ``daskann.cluster.connect-timeout``, 10 s).
     dashboard : bool
         Serve the dashboard (on 127.0.0.1 for embedded clusters).
     quiet : bool
-        Do not log the dashboard link.
+        Do not log the dashboard link (logged at INFO on the ``daskann.cluster`` logger).
 
     Returns
     -------
@@ -385,11 +411,12 @@ def client(
     """
     if address is not None and profile is not None:
         raise invalid("address/profile", (address, profile), "one of address or profile, not both")
+    if timeout is None:
+        timeout = config.seconds("cluster.connect-timeout")
     timeout = check_float("timeout", timeout, minimum=0.0, min_inclusive=False)
     if address is not None:
         if isinstance(security, bool):
-            raise invalid("security", security, "a Security object (or None) when connecting to an address",
-                          TypeError)
+            raise invalid("security", security, "a Security object (or None) when connecting to an address", TypeError)
         address = check_address(address, security=security, insecure=insecure)
         try:
             c = Client(address, security=security, timeout=timeout)
@@ -404,8 +431,9 @@ def client(
             if n_workers is not None:
                 scale = {"jobs": check_int("n_workers", n_workers)}
         else:
-            cluster = local_cluster(n_workers, threads_per_worker=threads_per_worker, dashboard=dashboard,
-                                    security=security)
+            cluster = local_cluster(
+                n_workers, threads_per_worker=threads_per_worker, dashboard=dashboard, security=security
+            )
             scale = None
         try:
             if scale:
@@ -420,7 +448,7 @@ def client(
     return c
 
 
-def log_dashboard(c: Client, level: int = logging.WARNING) -> str | None:
+def log_dashboard(c: Client, level: int = logging.INFO) -> str | None:
     """Log (and return) the dashboard link of ``c``'s scheduler, if it serves one."""
     try:
         link = c.dashboard_link
@@ -495,7 +523,8 @@ def check_worker_memory(c: Client, nbytes: int, *, name: str = "X", what: str = 
     budget = min(limits) * float(fraction)
     if nbytes > budget:
         raise invalid(
-            name, f"{what} of {_mib(nbytes)} per worker",
+            name,
+            f"{what} of {_mib(nbytes)} per worker",
             f"at most {_mib(budget)} per worker ({float(fraction):.0%} of the smallest worker memory_limit, "
             f"{_mib(min(limits))}): use more workers, workers with a larger memory_limit, or less data",
         )
@@ -515,17 +544,10 @@ def current_client(c: Client):
     thread-safe: trainings run at once from several threads would leave it set
     to ``"dask.distributed"`` after every client is gone.
     """
-    try:
-        from distributed.client import _current_client
-    except ImportError:  # pragma: no cover - other distributed versions
-        with c.as_current():
-            yield c
-        return
-    token = _current_client.set(c)
-    try:
+    from daskann._compat import set_current_client
+
+    with set_current_client(c):
         yield c
-    finally:
-        _current_client.reset(token)
 
 
 BLAS_INFO_KEYS = ("internal_api", "num_threads", "architecture", "version", "threading_layer")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -12,16 +13,39 @@ from threadpoolctl import threadpool_limits
 from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._history import HistoryRecorder
-from daskann._validation import check_int
-from daskann._progress import ProgressBar
-from daskann.nn import MLP, SGD
+from daskann._typing import Activation, FloatDType, Loss, Output
+from daskann._validation import check_int, invalid
+from daskann.data._batches import check_batch_order
+from daskann.nn import ACTIVATIONS, LOSSES, MLP, OUTPUTS, SGD
 
 
 class SerialTrainer(BaseTrainer):
     """Minibatch SGD with momentum in one process, numpy only.
 
     The reference every parallel trainer is tested against. Takes the settings
-    of :class:`daskann._base.BaseTrainer`.
+    of :class:`daskann._base.BaseTrainer`, with every choice of the numeric core
+    and the batch orders of Schroder (2017):
+
+    Parameters
+    ----------
+    activation : {"relu", "leaky_relu", "sigmoid", "tanh"}
+        Hidden-layer activation.
+    output : {"linear", "softmax", "sigmoid", "tanh"}
+        Output activation, part of the ``"mse"`` and ``"sse"`` losses.
+    loss : {"mse", "cross_entropy", "sse"}
+        ``"sse"`` is ``0.5 * sum((out - y)**2)`` over rows and outputs, the
+        loss of classic backpropagation (delta ``(out - y) * f'(out)``).
+    batch_size : int or None
+        Rows per step; ``None`` trains on the full batch (all rows every step,
+        in order).
+    shuffle : bool or "serialized"
+        ``True``: a seeded permutation per epoch; ``False``: the rows in order;
+        ``"serialized"``: step ``i`` trains on the single row ``i mod n_samples``
+        (needs ``batch_size=None``). See :class:`daskann.data.BatchOrder`.
+    bias : bool
+        Whether the dense layers have biases.
+    blas_threads : int or None
+        BLAS threads while training; ``None`` leaves the library's setting.
 
     Attributes
     ----------
@@ -47,21 +71,23 @@ class SerialTrainer(BaseTrainer):
     """
 
     method = "serial"
+    _activations, _outputs, _losses = ACTIVATIONS, OUTPUTS, LOSSES
 
     def __init__(
         self,
         hidden_sizes=(64,),
         *,
-        activation="relu",
-        output="linear",
-        loss="mse",
+        activation: Activation = "relu",
+        output: Output = "linear",
+        loss: Loss = "mse",
         lr=0.01,
         momentum=0.0,
         batch_size=32,
-        shuffle=True,
+        shuffle: bool | Literal["serialized"] = True,
         seed=0,
-        dtype="float64",
+        dtype: FloatDType = "float64",
         negative_slope=0.01,
+        bias=True,
         eval_every=None,
         checkpoint_dir=None,
         checkpoint_every=None,
@@ -69,12 +95,35 @@ class SerialTrainer(BaseTrainer):
         blas_threads=1,
     ):
         super().__init__(
-            hidden_sizes, activation=activation, output=output, loss=loss, lr=lr, momentum=momentum,
-            batch_size=batch_size, shuffle=shuffle, seed=seed, dtype=dtype, negative_slope=negative_slope,
-            eval_every=eval_every, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            hidden_sizes,
+            activation=activation,
+            output=output,
+            loss=loss,
+            lr=lr,
+            momentum=momentum,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            dtype=dtype,
+            negative_slope=negative_slope,
+            eval_every=eval_every,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
             verbose=verbose,
         )
+        self.bias = bias
         self.blas_threads = blas_threads
+
+    def _check_settings(self) -> dict:
+        settings = super()._check_settings()
+        if not isinstance(self.bias, (bool, np.bool_)):
+            raise invalid("bias", self.bias, "True or False", TypeError)
+        settings["bias"] = bool(self.bias)
+        return settings
+
+    def _check_batch_order(self) -> dict:
+        batch_size, shuffle = check_batch_order(self.batch_size, self.shuffle)
+        return {"batch_size": batch_size, "shuffle": shuffle}
 
     def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, init_model: MLP | None = None, resume=None):
         """Train from the initialisation (or ``init_model``, or a checkpoint).
@@ -136,15 +185,16 @@ class SerialTrainer(BaseTrainer):
         try:
             # overflow is caught below and reported as divergence, not as numpy warnings
             limits = threadpool_limits(self.blas_threads, user_api="blas") if self.blas_threads else nullcontext()
-            with self._run_lock(), limits, np.errstate(over="ignore", invalid="ignore"):
-                self._steps(model, velocity, start, stop, history)
+            bar = self._progress_bar(stop, "serial", initial=start)
+            with self._run_lock(), limits, np.errstate(over="ignore", invalid="ignore"), bar:
+                self._steps(model, velocity, start, stop, history, bar)
         finally:
             # also on divergence: keep the last finite state and the history so far
             self.model_, self.velocity_ = model, velocity
             self.n_steps_ = history.last_coord(default=start)
             self.history_ = history.to_dataset(self._history_attrs(settings))
 
-    def _steps(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
+    def _steps(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder, bar) -> None:
         settings, data, order = self._settings, self._data, self.batch_order_
         optimizer = SGD(settings["lr"], settings["momentum"])
         params = model.params
@@ -152,18 +202,17 @@ class SerialTrainer(BaseTrainer):
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
         t0 = time.perf_counter() - history.last_value("time", default=0.0)
-        bar = ProgressBar(stop, "serial", enabled=bool(self.verbose))
         for step in range(start, stop):
             rows = order.indices(step)
             value, grad_w, grad_b = model.loss_and_gradients(data.X[rows], data.y[rows], settings["loss"])
-            grads = [g for pair in zip(grad_w, grad_b) for g in pair]
+            grads = model.interleave(grad_w, grad_b)
             if not np.isfinite(value) or not all(np.isfinite(g).all() for g in grads):
                 raise TrainingDiverged(step + 1, "the loss or its gradients")
-            for dst, src in zip(backup, params + velocity):
+            for dst, src in zip(backup, params + velocity, strict=True):
                 np.copyto(dst, src)
             optimizer.step(params, grads, velocity)
             if not all(np.isfinite(p).all() for p in params):
-                for dst, src in zip(params + velocity, backup):
+                for dst, src in zip(params + velocity, backup, strict=True):
                     np.copyto(dst, src)
                 raise TrainingDiverged(step + 1, "the weights")
             done = step + 1

@@ -20,6 +20,7 @@ import socket
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,24 +29,14 @@ import xarray as xr
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from daskann import config as settings
+from daskann.exceptions import DamagedStoreError, DiskFullError, StoreError
 from daskann.nn import MLP
 
 FORMAT_VERSION = 1
 RUN_MARKER = "daskann-run.json"
 CHECKPOINT_DIR = "checkpoints"
 _CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})\.zarr$")
-
-
-class StoreError(ValueError):
-    """A store is missing, damaged, foreign or does not match what loads it."""
-
-
-class DamagedStoreError(StoreError):
-    """A store's arrays do not match its manifest."""
-
-
-class DiskFullError(OSError):
-    """A store could not be written for lack of space; the stores written before are intact."""
 
 
 #: errors of a write that ran out of room (no space, quota, file-size limit)
@@ -199,8 +190,10 @@ def save_checkpoint(path, checkpoint: Checkpoint) -> Path:
     """Write ``checkpoint`` to the zarr store ``path`` atomically."""
     model = checkpoint.model
     arrays = {}
-    for i, (w, b) in enumerate(zip(model.weights, model.biases)):
+    # a network without biases stores none (its model config says bias: false)
+    for i, w in enumerate(model.weights):
         arrays[f"weights/{i}"] = w
+    for i, b in enumerate(model.biases):
         arrays[f"biases/{i}"] = b
     for i, v in enumerate(checkpoint.velocity):
         arrays[f"velocity/{i}"] = v
@@ -227,16 +220,18 @@ def load_checkpoint(path) -> Checkpoint:
     meta = attrs["daskann"]
     config = meta["model"]
     n_layers = len(config["sizes"]) - 1
+    bias = config.get("bias", True)
     try:
         weights = [arrays[f"weights/{i}"] for i in range(n_layers)]
-        biases = [arrays[f"biases/{i}"] for i in range(n_layers)]
-        velocity = [arrays[f"velocity/{i}"] for i in range(2 * n_layers)]
+        biases = [arrays[f"biases/{i}"] for i in range(n_layers if bias else 0)]
+        velocity = [arrays[f"velocity/{i}"] for i in range((2 if bias else 1) * n_layers)]
         model = MLP.from_arrays(
             weights,
             biases,
             activation=config["activation"],
             output=config["output"],
             negative_slope=config["negative_slope"],
+            bias=bias,
         )
     except (KeyError, ValueError) as exc:
         raise DamagedStoreError(f"path={str(path)!r}: checkpoint arrays are incomplete ({exc})") from exc
@@ -315,7 +310,11 @@ def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False,
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o750)
     tmp = temporary_sibling(marker)
-    tmp.write_text(json.dumps({"format": "daskann-run", "format_version": FORMAT_VERSION, "method": method, "config": config}, indent=2))
+    tmp.write_text(
+        json.dumps(
+            {"format": "daskann-run", "format_version": FORMAT_VERSION, "method": method, "config": config}, indent=2
+        )
+    )
     os.replace(tmp, marker)
     return path
 
@@ -382,8 +381,23 @@ def _decode_strings(ds: xr.Dataset) -> xr.Dataset:
     return ds
 
 
-#: verifiers of store kinds defined elsewhere (e.g. MGRIT trajectories): kind -> callable(path)
-VERIFIERS: dict = {}
+#: store kind -> ``verify(path)``, which raises StoreError, OSError or ValueError for a damaged store
+VERIFIERS: dict[str, Callable[[Path], object]] = {}
+
+
+def register_verifier(kind: str, verify: Callable[[Path], object]) -> None:
+    """Let :func:`verify_path` check stores whose recorded kind is ``kind`` with ``verify(path)``.
+
+    ``verify`` raises :class:`StoreError` (or ``OSError``/``ValueError``) when
+    the store is damaged. A module that defines a store kind registers it when
+    imported (``daskann.mgrit._store`` registers MGRIT trajectories), so this
+    module depends on none of them.
+    """
+    VERIFIERS[kind] = verify
+
+
+register_verifier("checkpoint", load_checkpoint)
+register_verifier("history", load_history)
 
 
 def _store_kind(path: Path) -> str | None:
@@ -402,59 +416,61 @@ def _is_temporary(name: str) -> bool:
     return ".tmp-" in name or ".old-" in name or name.endswith(".partial")
 
 
+def _item(path: Path, kind: str | None, status: str, detail: str = "") -> dict:
+    return {"path": str(path), "kind": kind, "status": status, "detail": detail}
+
+
+def _check_store(path: Path, kind: str | None) -> dict:
+    """The report item of one store, checked by the verifier of its recorded kind."""
+    try:
+        if kind == "unreadable":
+            raise DamagedStoreError("zarr.json is not valid JSON")
+        if kind not in VERIFIERS:
+            raise StoreError("not a daskann store")
+        VERIFIERS[kind](path)
+    except (StoreError, OSError, ValueError) as exc:
+        return _item(path, kind, "damaged", str(exc))
+    return _item(path, kind, "ok")
+
+
+def _scan_folder(folder: Path) -> list[dict]:
+    """Report items of every store and every orphan temporary file under ``folder``."""
+    items = []
+    for root, dirs, files in os.walk(folder):
+        root_path = Path(root)
+        items += [
+            _item(root_path / name, None, "orphan", "temporary file left by an interrupted write")
+            for name in dirs + files
+            if _is_temporary(name)
+        ]
+        for name in list(dirs):
+            kind = None if _is_temporary(name) else _store_kind(root_path / name)
+            if _is_temporary(name) or kind is not None:
+                dirs.remove(name)  # a store's own files are checked by its verifier
+            if kind is not None:
+                items.append(_check_store(root_path / name, kind))
+    return items
+
+
 def verify_path(path) -> dict:
     """Scan a store or a run folder: checksums, missing arrays, orphan temporary files.
+
+    Each store is checked by the verifier registered for its kind
+    (:func:`register_verifier`); importing ``daskann`` registers every kind
+    the package writes.
 
     Returns ``{"ok": bool, "items": [{"path", "kind", "status", "detail"}]}``
     where status is ``"ok"``, ``"damaged"`` or ``"orphan"``.
     """
-    import daskann.mgrit._store  # noqa: F401  (registers the trajectory verifier)
-
     path = Path(path)
-    items = []
-
-    def check(store_path: Path, kind: str | None):
-        try:
-            if kind == "checkpoint":
-                load_checkpoint(store_path)
-            elif kind == "history":
-                load_history(store_path)
-            elif kind in VERIFIERS:
-                VERIFIERS[kind](store_path)
-            elif kind == "unreadable":
-                raise DamagedStoreError("zarr.json is not valid JSON")
-            else:
-                raise StoreError("not a daskann store")
-            items.append({"path": str(store_path), "kind": kind, "status": "ok", "detail": ""})
-        except (StoreError, OSError, ValueError) as exc:
-            items.append({"path": str(store_path), "kind": kind, "status": "damaged", "detail": str(exc)})
-
-    if _store_kind(path) is not None:
-        check(path, _store_kind(path))
-    else:
-        for root, dirs, files in os.walk(path):
-            root_path = Path(root)
-            for name in list(dirs) + files:
-                if _is_temporary(name):
-                    items.append({"path": str(root_path / name), "kind": None, "status": "orphan",
-                                  "detail": "temporary file left by an interrupted write"})
-            for name in list(dirs):
-                child = root_path / name
-                if _is_temporary(name):
-                    dirs.remove(name)
-                    continue
-                kind = _store_kind(child)
-                if kind is not None:
-                    check(child, kind)
-                    dirs.remove(name)  # the store's own files are checked by its loader
-        if not items:
-            items.append({"path": str(path), "kind": None, "status": "damaged", "detail": "no daskann store found"})
+    kind = _store_kind(path)
+    items = [_check_store(path, kind)] if kind is not None else _scan_folder(path)
+    if not items:
+        items.append(_item(path, None, "damaged", "no daskann store found"))
     return {"ok": all(item["status"] == "ok" for item in items), "items": items}
 
 
 LOCK_NAME = ".daskann-lock"
-#: seconds an unreadable lock file counts as being written rather than abandoned
-_LOCK_WRITE_GRACE = 10.0
 # run folders whose lock this context holds (contextvars: not inherited by other threads)
 _HELD_LOCKS: contextvars.ContextVar[frozenset] = contextvars.ContextVar("daskann_held_locks", default=frozenset())
 
@@ -537,7 +553,7 @@ class RunLock:
             return None
         except (OSError, ValueError):
             try:
-                young = time.time() - self.path.stat().st_mtime < _LOCK_WRITE_GRACE
+                young = time.time() - self.path.stat().st_mtime < settings.seconds("store.lock-write-grace")
             except OSError:
                 return None
             # a lock created but not yet written (file systems without hard links) is held;

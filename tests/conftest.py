@@ -115,7 +115,10 @@ def _ledger(dask_scheduler, action, token):
 
 
 class Watch:
-    """What a watched block did on the scheduler: ``keys`` it submitted or created, ``events`` (a key per transition)."""
+    """What a watched block did on the scheduler.
+
+    ``keys``: the keys it submitted or created; ``events``: one key per transition of those keys.
+    """
 
     keys: list[str]
     events: list[str]
@@ -150,11 +153,21 @@ def no_tasks_submitted(c: Client):
 
 
 def run_notebook(path, timeout: int = 600, cwd=None):
-    """Execute a notebook top to bottom with nbclient; returns the executed notebook."""
+    """Execute a notebook top to bottom with nbclient; returns the executed notebook.
+
+    The notebook runs in memory: the committed file, outputs included, is left as it is.
+    """
     import nbformat
     from nbclient import NotebookClient
 
+    committed = path.read_bytes()
     nb = nbformat.read(str(path), as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(cwd or path.parent)}}).execute()
+    # the committed outputs must not satisfy a test's assertions: only this run's count
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd or path.parent)}}
+    ).execute()
+    assert path.read_bytes() == committed, f"executing {path.name} changed the committed file"
     return nb

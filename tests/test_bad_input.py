@@ -21,9 +21,9 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import dask
 import numpy as np
@@ -145,7 +145,8 @@ def _locked(folder: Path):
     try:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / store.LOCK_NAME).write_text(
-            json.dumps({"host": socket.gethostname(), "pid": other.pid, "since": time.time()}))
+            json.dumps({"host": socket.gethostname(), "pid": other.pid, "since": time.time()})
+        )
         yield
     finally:
         other.kill()
@@ -183,8 +184,11 @@ def _readonly_filesystem():
 
 
 def _multithreaded(env):
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster, set_as_default=False) as c, no_tasks_submitted(c):
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster,
+        Client(cluster, set_as_default=False) as c,
+        no_tasks_submitted(c),
+    ):
         _fit(_npt(env, grid="1x1", client=c), env)
 
 
@@ -199,9 +203,18 @@ def _out_of_memory(make):
     def run(env):
         X = np.random.default_rng(0).standard_normal((9000, 1000))  # 72 MB, above 64 MiB
         y = X[:, :2].copy()
-        with dask.config.set(_NO_MONITOR), LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, memory_limit="64MiB", dashboard_address=None,
-        ) as cluster, Client(cluster, set_as_default=False) as c, no_tasks_submitted(c):
+        with (
+            dask.config.set(_NO_MONITOR),
+            LocalCluster(
+                n_workers=2,
+                threads_per_worker=1,
+                processes=False,
+                memory_limit="64MiB",
+                dashboard_address=None,
+            ) as cluster,
+            Client(cluster, set_as_default=False) as c,
+            no_tasks_submitted(c),
+        ):
             make(c).fit(X, y, steps=16)
 
     return run
@@ -228,8 +241,21 @@ class CliFailure(Exception):
 
 def _cli_subprocess(*args):
     def run(env):
-        cmd = [sys.executable, "-m", "daskann", *args, "--n-samples", "64", "--batch-size", "16", "--steps", "4", "-q",
-               "--address", env.address]
+        cmd = [
+            sys.executable,
+            "-m",
+            "daskann",
+            *args,
+            "--n-samples",
+            "64",
+            "--batch-size",
+            "16",
+            "--steps",
+            "4",
+            "-q",
+            "--address",
+            env.address,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=env.tmp)
         raise CliFailure(proc.returncode, proc.stdout + proc.stderr, None)
 
@@ -249,120 +275,255 @@ CASES: list[Case] = [
     # data: shapes, dtypes, non-finite values (one trainer each, all four covered)
     Case("data-X-1d", "data", lambda e: _fit(_npt(e), e, X=e.X[:, 0]), ValueError, r"X="),
     Case("data-X-int", "data", lambda e: _fit(_mgrit(e), e, X=e.X.astype(np.int64)), TypeError, r"X="),
-    Case("data-X-complex", "data", lambda e: _fit(SerialTrainer((5,), batch_size=16), e, X=e.X + 1j), TypeError,
-         r"X="),
+    Case("data-X-complex", "data", lambda e: _fit(SerialTrainer((5,), batch_size=16), e, X=e.X + 1j), TypeError, r"X="),
     Case("data-X-ragged", "data", lambda e: _fit(_partition(e), e, X=[[1.0, 2.0], [3.0]] * 32), TypeError, r"X="),
     Case("data-X-nan", "data", lambda e: _fit(_partition(e), e, X=_with_nan(e.X)), ValueError, r"X=.*NaN"),
     Case("data-y-inf", "data", lambda e: _fit(_npt(e), e, y=_with_inf(e.y)), ValueError, r"y=.*NaN or Inf"),
     Case("data-y-rows", "data", lambda e: _fit(_mgrit(e), e, y=e.y[:-1]), ValueError, r"y=.*rows"),
-    Case("data-labels-negative", "data",
-         lambda e: _fit(_partition(e, loss="cross_entropy", output="softmax"), e, y=e.labels - 1), ValueError,
-         r"y=.*labels >= 0"),
-    Case("data-validation-width", "data", lambda e: _fit(_npt(e), e, validation_data=(e.X[:, :3], e.y)),
-         ValueError, r"validation_data\[0\]="),
-    Case("data-init-model-sizes", "data", lambda e: _fit(_mgrit(e), e, init_model=MLP((6, 4, 2))), ValueError,
-         r"init_model="),
+    Case(
+        "data-labels-negative",
+        "data",
+        lambda e: _fit(_partition(e, loss="cross_entropy", output="softmax"), e, y=e.labels - 1),
+        ValueError,
+        r"y=.*labels >= 0",
+    ),
+    Case(
+        "data-validation-width",
+        "data",
+        lambda e: _fit(_npt(e), e, validation_data=(e.X[:, :3], e.y)),
+        ValueError,
+        r"validation_data\[0\]=",
+    ),
+    Case(
+        "data-init-model-sizes",
+        "data",
+        lambda e: _fit(_mgrit(e), e, init_model=MLP((6, 4, 2))),
+        ValueError,
+        r"init_model=",
+    ),
     # common settings
     Case("settings-lr-nan", "serial", lambda e: _fit(SerialTrainer((5,), lr=float("nan")), e), ValueError, r"lr="),
     Case("settings-momentum-1", "npt", lambda e: _fit(_npt(e, momentum=1.0), e), ValueError, r"momentum="),
-    Case("settings-batch-gt-samples", "partition", lambda e: _fit(_partition(e, batch_size=65), e), ValueError,
-         r"batch_size="),
+    Case(
+        "settings-batch-gt-samples",
+        "partition",
+        lambda e: _fit(_partition(e, batch_size=65), e),
+        ValueError,
+        r"batch_size=",
+    ),
     Case("settings-dtype-f16", "mgrit", lambda e: _fit(_mgrit(e, dtype="float16"), e), TypeError, r"dtype="),
     Case("settings-steps-0", "npt", lambda e: _fit(_npt(e), e, steps=0), ValueError, r"steps="),
     # NPT: grids and modes
-    Case("npt-grid-larger-than-cluster", "npt", lambda e: _fit(_npt(e, grid="3x3"), e), ValueError,
-         r"grid='3x3'.*share_workers"),
+    Case(
+        "npt-grid-larger-than-cluster",
+        "npt",
+        lambda e: _fit(_npt(e, grid="3x3"), e),
+        ValueError,
+        r"grid='3x3'.*share_workers",
+    ),
     Case("npt-grid-unknown", "npt", lambda e: _fit(_npt(e, grid="wide"), e), ValueError, r"grid='wide'"),
-    Case("npt-grid-not-rectangular", "npt", lambda e: _fit(_npt(e, grid="2x3x4"), e), ValueError,
-         r"grid='2x3x4'"),
+    Case("npt-grid-not-rectangular", "npt", lambda e: _fit(_npt(e, grid="2x3x4"), e), ValueError, r"grid='2x3x4'"),
     Case("npt-grid-zero", "npt", lambda e: _fit(_npt(e, grid=(0, 2)), e), ValueError, r"grid\[0\]=0"),
     Case("npt-mode-unknown", "npt", lambda e: _fit(_npt(e, mode="fast"), e), ValueError, r"mode='fast'"),
-    Case("npt-pipeline-unknown", "npt", lambda e: _fit(_npt(e, pipeline="deep"), e), ValueError,
-         r"pipeline='deep'"),
-    Case("npt-multithreaded-deterministic", "npt", _multithreaded, ValueError, r"deterministic=True",
-         own_cluster=True),
+    Case("npt-pipeline-unknown", "npt", lambda e: _fit(_npt(e, pipeline="deep"), e), ValueError, r"pipeline='deep'"),
+    Case("npt-multithreaded-deterministic", "npt", _multithreaded, ValueError, r"deterministic=True", own_cluster=True),
     # MGRIT: solver parameters and stores
-    Case("mgrit-levels-too-deep", "mgrit", lambda e: _fit(_mgrit(e, levels=9), e, steps=64), ValueError,
-         r"levels="),
+    Case("mgrit-levels-too-deep", "mgrit", lambda e: _fit(_mgrit(e, levels=9), e, steps=64), ValueError, r"levels="),
     Case("mgrit-cfactor-1", "mgrit", lambda e: _fit(_mgrit(e, cfactor=1), e), ValueError, r"cfactor="),
-    Case("mgrit-preset-unknown", "mgrit", lambda e: _fit(_mgrit(e, preset="solver9"), e), ValueError,
-         r"preset='solver9'"),
+    Case(
+        "mgrit-preset-unknown", "mgrit", lambda e: _fit(_mgrit(e, preset="solver9"), e), ValueError, r"preset='solver9'"
+    ),
     Case("mgrit-tol-0", "mgrit", lambda e: _fit(_mgrit(e, tol=0.0), e), ValueError, r"tol="),
-    Case("mgrit-steps-too-few", "mgrit", lambda e: _fit(_mgrit(e, levels=3, cfactor=4), e, steps=3), ValueError,
-         r"levels=.*steps"),
-    Case("mgrit-scheduler-unknown", "mgrit", lambda e: _fit(_mgrit(e, scheduler="gpu"), e), ValueError,
-         r"scheduler='gpu'"),
-    Case("mgrit-store-is-a-file", "mgrit",
-         lambda e: (e.tmp.joinpath("file.zarr").write_text("x"), _fit(_mgrit(e, store=e.tmp / "file.zarr"), e)),
-         store.StoreError, r"store=.*a folder"),
+    Case(
+        "mgrit-steps-too-few",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, levels=3, cfactor=4), e, steps=3),
+        ValueError,
+        r"levels=.*steps",
+    ),
+    Case(
+        "mgrit-scheduler-unknown",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, scheduler="gpu"), e),
+        ValueError,
+        r"scheduler='gpu'",
+    ),
+    Case(
+        "mgrit-store-is-a-file",
+        "mgrit",
+        lambda e: (e.tmp.joinpath("file.zarr").write_text("x"), _fit(_mgrit(e, store=e.tmp / "file.zarr"), e)),
+        store.StoreError,
+        r"store=.*a folder",
+    ),
     # partition: k, merge, noise
     Case("partition-k-1", "partition", lambda e: _fit(_partition(e, k=1), e), ValueError, r"k=1"),
     Case("partition-k-wider-than-layer", "partition", lambda e: _fit(_partition(e, k=7), e), ValueError, r"k=7"),
-    Case("partition-combine-unknown", "partition", lambda e: _fit(_partition(e, combine="max"), e), ValueError,
-         r"combine='max'"),
-    Case("partition-noise-nan", "partition", lambda e: _fit(_partition(e, noise=float("nan")), e), ValueError,
-         r"noise=nan"),
-    Case("partition-noise-negative", "partition", lambda e: _fit(_partition(e, noise=-0.1), e), ValueError,
-         r"noise=-0.1"),
-    Case("partition-npt-parallel", "partition", lambda e: _fit(_partition(e, sub_trainer="npt"), e), ValueError,
-         r"mode='parallel'"),
+    Case(
+        "partition-combine-unknown",
+        "partition",
+        lambda e: _fit(_partition(e, combine="max"), e),
+        ValueError,
+        r"combine='max'",
+    ),
+    Case(
+        "partition-noise-nan",
+        "partition",
+        lambda e: _fit(_partition(e, noise=float("nan")), e),
+        ValueError,
+        r"noise=nan",
+    ),
+    Case(
+        "partition-noise-negative", "partition", lambda e: _fit(_partition(e, noise=-0.1), e), ValueError, r"noise=-0.1"
+    ),
+    Case(
+        "partition-npt-parallel",
+        "partition",
+        lambda e: _fit(_partition(e, sub_trainer="npt"), e),
+        ValueError,
+        r"mode='parallel'",
+    ),
     # damaged, foreign or busy stores
-    Case("store-damaged-resume-npt", "store", lambda e: _fit(_npt(e), e, resume=_damaged_checkpoint(e)),
-         store.DamagedStoreError, r"path=.*weights"),
-    Case("store-truncated-metadata-serial", "store",
-         lambda e: _fit(SerialTrainer((5,), batch_size=16), e, resume=_truncated_store(e)),
-         store.DamagedStoreError, r"path="),
-    Case("store-foreign-resume-mgrit", "store", lambda e: _fit(_mgrit(e), e, resume=_foreign_store(e)),
-         store.StoreError, r"path=.*not a daskann"),
-    Case("store-other-config-resume-npt", "store",
-         lambda e: _fit(_npt(e, lr=0.5), e, resume=_checkpoint_dir(e)), store.StoreError, r"resume=.*lr"),
-    Case("store-not-a-partition-run", "store", lambda e: _fit(_partition(e), e, resume=_checkpoint_dir(e)),
-         store.StoreError, r"resume=.*partition"),
-    Case("store-busy-npt", "store", lambda e: _locked_fit(_npt, e), store.StoreError,
-         r"checkpoint_dir=.*another run"),
-    Case("store-busy-partition", "store", lambda e: _locked_fit(_partition, e), store.StoreError,
-         r"checkpoint_dir=.*another run"),
-    Case("store-busy-mgrit", "store", lambda e: _locked_fit(_mgrit, e), store.StoreError,
-         r"checkpoint_dir=.*another run"),
-    Case("output-full-npt", "store",
-         lambda e: _full_fit(_npt, e, checkpoint_dir=e.tmp / "full", checkpoint_every=1), store.DiskFullError,
-         r"checkpoint_dir=.*1000 bytes free"),
-    Case("output-full-mgrit-store", "store", lambda e: _full_fit(_mgrit, e, store=e.tmp / "traj.zarr"),
-         store.DiskFullError, r"store=.*1000 bytes free"),
-    Case("output-read-only-chmod", "store", _readonly_fit, ValueError, r"checkpoint_dir=.*not writable",
-         skip=lambda: "chmod does not bind root" if IS_ROOT else None),
-    Case("output-read-only-filesystem", "store",
-         lambda e: _fit(_partition(e, checkpoint_dir="/proc/sys/daskann-run"), e), ValueError,
-         r"checkpoint_dir=.*not writable", skip=_readonly_filesystem),
-    Case("output-is-a-file", "store",
-         lambda e: (e.tmp.joinpath("f").write_text("x"), _fit(_mgrit(e, checkpoint_dir=e.tmp / "f" / "run"), e)),
-         ValueError, r"checkpoint_dir="),
+    Case(
+        "store-damaged-resume-npt",
+        "store",
+        lambda e: _fit(_npt(e), e, resume=_damaged_checkpoint(e)),
+        store.DamagedStoreError,
+        r"path=.*weights",
+    ),
+    Case(
+        "store-truncated-metadata-serial",
+        "store",
+        lambda e: _fit(SerialTrainer((5,), batch_size=16), e, resume=_truncated_store(e)),
+        store.DamagedStoreError,
+        r"path=",
+    ),
+    Case(
+        "store-foreign-resume-mgrit",
+        "store",
+        lambda e: _fit(_mgrit(e), e, resume=_foreign_store(e)),
+        store.StoreError,
+        r"path=.*not a daskann",
+    ),
+    Case(
+        "store-other-config-resume-npt",
+        "store",
+        lambda e: _fit(_npt(e, lr=0.5), e, resume=_checkpoint_dir(e)),
+        store.StoreError,
+        r"resume=.*lr",
+    ),
+    Case(
+        "store-not-a-partition-run",
+        "store",
+        lambda e: _fit(_partition(e), e, resume=_checkpoint_dir(e)),
+        store.StoreError,
+        r"resume=.*partition",
+    ),
+    Case("store-busy-npt", "store", lambda e: _locked_fit(_npt, e), store.StoreError, r"checkpoint_dir=.*another run"),
+    Case(
+        "store-busy-partition",
+        "store",
+        lambda e: _locked_fit(_partition, e),
+        store.StoreError,
+        r"checkpoint_dir=.*another run",
+    ),
+    Case(
+        "store-busy-mgrit", "store", lambda e: _locked_fit(_mgrit, e), store.StoreError, r"checkpoint_dir=.*another run"
+    ),
+    Case(
+        "output-full-npt",
+        "store",
+        lambda e: _full_fit(_npt, e, checkpoint_dir=e.tmp / "full", checkpoint_every=1),
+        store.DiskFullError,
+        r"checkpoint_dir=.*1000 bytes free",
+    ),
+    Case(
+        "output-full-mgrit-store",
+        "store",
+        lambda e: _full_fit(_mgrit, e, store=e.tmp / "traj.zarr"),
+        store.DiskFullError,
+        r"store=.*1000 bytes free",
+    ),
+    Case(
+        "output-read-only-chmod",
+        "store",
+        _readonly_fit,
+        ValueError,
+        r"checkpoint_dir=.*not writable",
+        skip=lambda: "chmod does not bind root" if IS_ROOT else None,
+    ),
+    Case(
+        "output-read-only-filesystem",
+        "store",
+        lambda e: _fit(_partition(e, checkpoint_dir="/proc/sys/daskann-run"), e),
+        ValueError,
+        r"checkpoint_dir=.*not writable",
+        skip=_readonly_filesystem,
+    ),
+    Case(
+        "output-is-a-file",
+        "store",
+        lambda e: (e.tmp.joinpath("f").write_text("x"), _fit(_mgrit(e, checkpoint_dir=e.tmp / "f" / "run"), e)),
+        ValueError,
+        r"checkpoint_dir=",
+    ),
     # cluster: unreachable scheduler, plain-text remote address, worker memory
     Case("cluster-unreachable", "cluster", _unreachable, ConnectionError, r"address='tcp://127.0.0.1:1'"),
-    Case("cluster-remote-plaintext", "cluster", lambda e: make_client("tcp://10.11.12.13:8786", quiet=True),
-         ValueError, r"address=.*insecure=True"),
-    Case("oom-npt", "npt", _out_of_memory(lambda c: NPTTrainer((5,), grid="1x1", mode="graph", client=c)),
-         ValueError, r"X=.*memory_limit", own_cluster=True),
-    Case("oom-partition", "partition", _out_of_memory(lambda c: PartitionTrainer((6,), k=2, client=c)),
-         ValueError, r"X=.*memory_limit", own_cluster=True),
-    Case("oom-mgrit", "mgrit", _out_of_memory(lambda c: MGRITTrainer((5,), levels=2, cfactor=4, client=c)),
-         ValueError, r"X=.*memory_limit", own_cluster=True),
+    Case(
+        "cluster-remote-plaintext",
+        "cluster",
+        lambda e: make_client("tcp://10.11.12.13:8786", quiet=True),
+        ValueError,
+        r"address=.*insecure=True",
+    ),
+    Case(
+        "oom-npt",
+        "npt",
+        _out_of_memory(lambda c: NPTTrainer((5,), grid="1x1", mode="graph", client=c)),
+        ValueError,
+        r"X=.*memory_limit",
+        own_cluster=True,
+    ),
+    Case(
+        "oom-partition",
+        "partition",
+        _out_of_memory(lambda c: PartitionTrainer((6,), k=2, client=c)),
+        ValueError,
+        r"X=.*memory_limit",
+        own_cluster=True,
+    ),
+    Case(
+        "oom-mgrit",
+        "mgrit",
+        _out_of_memory(lambda c: MGRITTrainer((5,), levels=2, cfactor=4, client=c)),
+        ValueError,
+        r"X=.*memory_limit",
+        own_cluster=True,
+    ),
     # command line (exit status 1: a daskann error printed by click; 2: a usage error)
-    Case("cli-npt-grid-larger-than-cluster", "cli", _cli("train", "npt", "--grid", "3x3", "--mode", "graph"), 1,
-         r"grid='3x3'"),
+    Case(
+        "cli-npt-grid-larger-than-cluster",
+        "cli",
+        _cli("train", "npt", "--grid", "3x3", "--mode", "graph"),
+        1,
+        r"--grid='3x3'",
+    ),
     Case("cli-npt-mode-unknown", "cli", _cli("train", "npt", "--mode", "fast"), 2, r"--mode"),
-    Case("cli-mgrit-coarsening-1", "cli", _cli("train", "mgrit", "--coarsening", "1"), 1, r"cfactor="),
+    Case("cli-mgrit-coarsening-1", "cli", _cli("train", "mgrit", "--coarsening", "1"), 1, r"--coarsening=1 "),
     Case("cli-mgrit-preset-unknown", "cli", _cli("train", "mgrit", "--preset", "solver9"), 2, r"--preset"),
-    Case("cli-partition-k-wide", "cli", _cli("train", "partition", "--hidden", "8", "-k", "9"), 1, r"k=9"),
-    Case("cli-serial-lr-negative", "cli", _cli("train", "serial", "--lr", "-1", env_address=False), 1, r"lr="),
-    Case("cli-hidden-not-integers", "cli", _cli("train", "serial", "--hidden", "a,b", env_address=False), 2,
-         r"--hidden"),
-    Case("cli-resume-without-run", "cli",
-         _cli("train", "partition", "-o", "{tmp}/none", "--resume"), 1, r"output="),
-    Case("cli-unreachable-scheduler", "cli", _cli("train", "npt", "--address", "tcp://127.0.0.1:1",
-                                                  env_address=False), 1, r"address='tcp://127.0.0.1:1'"),
-    Case("cli-subprocess-mgrit-levels", "cli", _cli_subprocess("train", "mgrit", "--levels", "12"), 1,
-         r"levels="),
+    Case("cli-partition-k-wide", "cli", _cli("train", "partition", "--hidden", "8", "-k", "9"), 1, r"--k=9 "),
+    Case("cli-serial-lr-negative", "cli", _cli("train", "serial", "--lr", "-1", env_address=False), 1, r"--lr=-1"),
+    Case(
+        "cli-hidden-not-integers", "cli", _cli("train", "serial", "--hidden", "a,b", env_address=False), 2, r"--hidden"
+    ),
+    Case("cli-resume-without-run", "cli", _cli("train", "partition", "-o", "{tmp}/none", "--resume"), 1, r"--output="),
+    Case(
+        "cli-unreachable-scheduler",
+        "cli",
+        _cli("train", "npt", "--address", "tcp://127.0.0.1:1", env_address=False),
+        1,
+        r"--address='tcp://127.0.0.1:1'",
+    ),
+    Case("cli-subprocess-mgrit-levels", "cli", _cli_subprocess("train", "mgrit", "--levels", "12"), 1, r"--levels=12 "),
 ]
 
 

@@ -7,6 +7,8 @@ import operator
 import os
 import stat
 import time
+from importlib import resources
+from pathlib import Path
 
 import dask
 import psutil
@@ -15,6 +17,7 @@ from distributed import Client
 
 from daskann.cluster import (
     BLAS_ONE_THREAD,
+    PROFILE_DIR,
     available_profiles,
     blas_info,
     check_address,
@@ -27,6 +30,10 @@ from daskann.cluster import (
     worker_addresses,
 )
 
+# the documented copy of the shipped profiles, in the repository
+DOCUMENTED_PROFILES = Path(__file__).resolve().parent.parent / "cluster"
+# worker jobs retire a few minutes before the walltime (01:00:00 in both shipped profiles)
+LIFETIME_ARGS = "--lifetime 55m --lifetime-stagger 4m"
 # the scheduler a profile test starts (the job script embeds its address) stays on loopback
 LOOPBACK_SCHEDULER = {"host": "127.0.0.1", "dashboard_address": "127.0.0.1:0"}
 WILDCARD = ("0.0.0.0", "::", "")
@@ -88,6 +95,7 @@ def test_shipped_profile_job_script(name, directives, tmp_path):
         assert "-m distributed.cli.dask_worker tls://127.0.0.1:" in command
         assert "--nthreads 1 " in command and "--nworkers 8 " in command and "--nanny" in command
         assert "--local-directory ${TMPDIR:-/tmp}" in command
+        assert LIFETIME_ARGS in command and "--lifetime-restart" not in command
         # temporary TLS credentials, written into the private folder
         assert stat.S_IMODE(tls_dir.stat().st_mode) == 0o700
         for flag in ("--tls-ca-file", "--tls-cert", "--tls-key"):
@@ -115,8 +123,14 @@ def test_custom_profile_one_thread_per_process(tmp_path):
         lines = script.splitlines()
         assert scale == {"jobs": 3}
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")  # no TLS asked for
-        for line in ("#SBATCH -p short", "#SBATCH -A proj42", "#SBATCH --cpus-per-task=4",
-                     "#SBATCH --constraint=skylake", "module load python", "export OPENBLAS_NUM_THREADS=1"):
+        for line in (
+            "#SBATCH -p short",
+            "#SBATCH -A proj42",
+            "#SBATCH --cpus-per-task=4",
+            "#SBATCH --constraint=skylake",
+            "module load python",
+            "export OPENBLAS_NUM_THREADS=1",
+        ):
             assert line in lines, script
         assert lines.index("module load python") < lines.index("export OMP_NUM_THREADS=1")
         assert "--nthreads 1 " in lines[-1] and "--nworkers 4 " in lines[-1] and "--tls" not in script
@@ -151,6 +165,49 @@ def test_client_from_tls_profile(tmp_path):
     assert cluster.status.name == "closed"
 
 
+def test_profiles_ship_as_package_data():
+    """The wheel carries the profiles; cluster/ holds the same files for reading."""
+    shipped = resources.files("daskann") / "profiles"
+    assert Path(str(PROFILE_DIR)) == Path(str(shipped))
+    assert Path(str(shipped)).resolve().parent == Path(resources.files("daskann").__fspath__()).resolve()
+    names = sorted(p.name for p in shipped.iterdir() if p.name.endswith(".yaml"))
+    assert names == ["pbs.yaml", "slurm.yaml"]
+    assert sorted(p.name for p in DOCUMENTED_PROFILES.glob("*.yaml")) == names
+    for name in names:
+        assert (shipped / name).read_bytes() == (DOCUMENTED_PROFILES / name).read_bytes(), (
+            f"daskann/profiles/{name} and cluster/{name} differ: edit one, copy it over the other"
+        )
+        spec = load_profile(name.removesuffix(".yaml"))
+        assert spec["cluster"]["worker_extra_args"] == LIFETIME_ARGS.split()
+        assert "interface: ib0" in (shipped / name).read_text()  # documented, left to the site
+
+
+def test_profile_dir_environment_searched_first(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "mysite.yaml").write_text("kind: pbs\ncluster: {cores: 2, memory: 4GB}\n")
+    (site / "slurm.yaml").write_text("kind: slurm\ncluster: {cores: 3, memory: 6GB}\n")
+    monkeypatch.setenv("DASKANN_PROFILE_DIR", os.pathsep.join([str(tmp_path / "missing"), str(site)]))
+    assert {"mysite", "pbs", "slurm"} <= set(available_profiles())
+    assert load_profile("mysite")["kind"] == "pbs"
+    assert load_profile("slurm")["cluster"]["cores"] == 3  # the site's copy shadows the shipped one
+    assert load_profile("pbs")["path"] == PROFILE_DIR / "pbs.yaml"
+
+
+def test_tls_directory_from_dask_config(tmp_path):
+    """Without shared_temp_directory, the TLS folder is daskann.cluster.tls-directory, read when called."""
+    _needs_jobqueue()
+    _needs_tls()
+    folder = tmp_path / "keys"
+    with dask.config.set({"daskann.cluster.tls-directory": str(folder)}):
+        cluster, _ = jobqueue_cluster("slurm", scheduler_options=LOOPBACK_SCHEDULER)
+    try:
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert f"--tls-key {folder}{os.sep}" in cluster.job_script()
+    finally:
+        cluster.close()
+
+
 def test_load_profile_errors(tmp_path):
     assert {"slurm", "pbs"} <= set(available_profiles())
     with pytest.raises(FileNotFoundError, match=r"profile='nosuch' is not valid: .*'pbs', 'slurm'"):
@@ -176,16 +233,34 @@ def test_load_profile_errors(tmp_path):
 # ---------------------------------------------------------------- embedded cluster
 
 
-def test_embedded_cluster_listens_on_loopback_only(caplog):
-    caplog.set_level(logging.WARNING, logger="daskann.cluster")
+class _Messages(logging.Handler):
+    """Keeps the messages of one logger (LocalCluster's silence_logs lowers caplog's handler level)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages: list[tuple[int, str]] = []
+
+    def emit(self, record):
+        self.messages.append((record.levelno, record.getMessage()))
+
+
+def test_embedded_cluster_listens_on_loopback_only():
+    logger = logging.getLogger("daskann.cluster")
+    kept, previous = _Messages(), logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(kept)
     me = os.getpid()
     # the scheduler and nannies live in this process, beside other tests' clusters: compare
     before = set(_listeners([me]))
-    c = client(n_workers=1)  # the default: dashboard on
+    try:
+        c = client(n_workers=1)  # the default: dashboard on
+    finally:
+        logger.removeHandler(kept)
+        logger.setLevel(previous)
     try:
         link = c.dashboard_link
         assert link.startswith("http://127.0.0.1:")
-        assert f"Dask dashboard: {link}" in caplog.text
+        assert (logging.INFO, f"Dask dashboard: {link}") in kept.messages  # logged at INFO, not printed
         worker_pids = list(c.run(os.getpid).values())
         ours = (set(_listeners([me])) - before) | set(_listeners(worker_pids))
         assert not [item for item in ours if item[1] in WILDCARD], ours
@@ -214,8 +289,10 @@ def test_session_cluster_workers_one_thread_and_blas(client2):
             assert {"internal_api", "num_threads", "architecture"} <= set(lib)
             assert lib["internal_api"] in ("openblas", "mkl", "blis", "accelerate")
     # BLAS limits added to Dask's own pre-spawn environment (memory trimming), not replacing it
-    expected = {**{k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()},
-                **BLAS_ONE_THREAD}
+    expected = {
+        **{k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()},
+        **BLAS_ONE_THREAD,
+    }
     env = client2.run(lambda: {k: os.environ.get(k) for k in expected})
     assert all(v == expected for v in env.values()), env
 

@@ -78,8 +78,12 @@ def cifar_batch(n, seed):
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
     labels = [int(v) for v in rng.integers(0, 10, size=n)]
-    return {b"batch_label": b"batch %d" % seed, b"labels": labels, b"data": data,
-            b"filenames": [b"img_%d.png" % i for i in range(n)]}
+    return {
+        b"batch_label": b"batch %d" % seed,
+        b"labels": labels,
+        b"data": data,
+        b"filenames": [b"img_%d.png" % i for i in range(n)],
+    }
 
 
 def write_cifar(folder, *, n=3, protocol=pickle.DEFAULT_PROTOCOL):
@@ -422,8 +426,10 @@ def test_train_val_split():
     assert not np.array_equal(y_train, np.arange(15))  # shuffled
 
 
-@pytest.mark.parametrize("fraction, error", [(0.0, ValueError), (1.0, ValueError), (1.5, ValueError),
-                                             (float("nan"), ValueError), ("0.2", TypeError)])
+@pytest.mark.parametrize(
+    "fraction, error",
+    [(0.0, ValueError), (1.0, ValueError), (1.5, ValueError), (float("nan"), ValueError), ("0.2", TypeError)],
+)
 def test_train_val_split_rejects_bad_fraction(fraction, error):
     with pytest.raises(error, match="val_fraction="):
         train_val_split(np.zeros((10, 2)), np.zeros(10), val_fraction=fraction)

@@ -85,11 +85,11 @@ def _state(trainer):
 
 
 def _equal(a, b):
-    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _max_diff(a, b):
-    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+    return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b, strict=True))
 
 
 def _workers(client):
@@ -281,8 +281,9 @@ def test_npt_graph_chaos_is_bit_identical(fclient, regression, npt_graph_referen
     seen = set()
 
     def new_checkpoint():  # at most one kill per checkpoint interval: each replay can make progress
-        now = {p.name for p in store.list_checkpoints(tmp_path)} if (tmp_path / store.CHECKPOINT_DIR).is_dir() \
-            else set()
+        now = (
+            {p.name for p in store.list_checkpoints(tmp_path)} if (tmp_path / store.CHECKPOINT_DIR).is_dir() else set()
+        )
         if now - seen:
             seen.update(now)
             return True
@@ -294,9 +295,16 @@ def test_npt_graph_chaos_is_bit_identical(fclient, regression, npt_graph_referen
     finally:
         _settle(fclient)
     equal = _equal(_state(trainer), ref)
-    _report("npt graph chaos", kills=len(chaos.killed), period_s=3.0, checkpoint_every=3, one_kill_per_checkpoint=True,
-            recoveries=trainer.recoveries_,
-            seconds=seconds, bit_identical=equal)
+    _report(
+        "npt graph chaos",
+        kills=len(chaos.killed),
+        period_s=3.0,
+        checkpoint_every=3,
+        one_kill_per_checkpoint=True,
+        recoveries=trainer.recoveries_,
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert len(chaos.killed) >= 1, "the chaos must actually kill workers during the run"
     assert trainer.recoveries_ >= 1
     assert equal
@@ -312,11 +320,20 @@ def test_npt_graph_cell_worker_exit_replays_from_checkpoint(fclient, regression,
         _exit_worker(fclient, victim)
         return victim
 
-    victim, seconds = _fault_during(fclient, lambda: trainer.fit(X, y, steps=NPT_GRAPH_STEPS),
-                                    lambda: len(store.list_checkpoints(tmp_path)) >= 2, exit_cell)  # after step 20
+    victim, seconds = _fault_during(
+        fclient,
+        lambda: trainer.fit(X, y, steps=NPT_GRAPH_STEPS),
+        lambda: len(store.list_checkpoints(tmp_path)) >= 2,
+        exit_cell,
+    )  # after step 20
     equal = _equal(_state(trainer), ref)
-    _report("npt graph targeted os._exit of cell (1, 0)", kills=1, recoveries=trainer.recoveries_, seconds=seconds,
-            bit_identical=equal)
+    _report(
+        "npt graph targeted os._exit of cell (1, 0)",
+        kills=1,
+        recoveries=trainer.recoveries_,
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert trainer.recoveries_ == 1 and victim not in trainer.grid_.workers
     assert equal
 
@@ -342,15 +359,20 @@ def test_npt_resident_chaos_is_bit_identical(fclient, regression, npt_resident_r
     finally:
         _settle(fclient)
     equal = _equal(_state(trainer), ref)
-    _report("npt resident chaos", kills=len(chaos.killed), period_s=2.0, recoveries=trainer.recoveries_,
-            seconds=seconds, bit_identical=equal)
+    _report(
+        "npt resident chaos",
+        kills=len(chaos.killed),
+        period_s=2.0,
+        recoveries=trainer.recoveries_,
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert len(chaos.killed) >= 1, "the chaos must actually kill workers during the run"
     assert trainer.recoveries_ >= 1
     assert equal
 
 
-def test_npt_resident_cell_worker_exit_restarts_from_checkpoint(fclient, regression, npt_resident_reference,
-                                                                 tmp_path):
+def test_npt_resident_cell_worker_exit_restarts_from_checkpoint(fclient, regression, npt_resident_reference, tmp_path):
     X, y = regression
     ref, _ = npt_resident_reference
     trainer = _npt(fclient, "resident", checkpoint_dir=tmp_path, checkpoint_every=100)
@@ -361,18 +383,34 @@ def test_npt_resident_cell_worker_exit_restarts_from_checkpoint(fclient, regress
         _exit_worker(fclient, victim)
         return victim
 
-    victim, seconds = _fault_during(fclient, lambda: trainer.fit(X, y, steps=400),
-                                    lambda: len(store.list_checkpoints(tmp_path)) >= 1, exit_cell)  # after step 100
+    victim, seconds = _fault_during(
+        fclient, lambda: trainer.fit(X, y, steps=400), lambda: len(store.list_checkpoints(tmp_path)) >= 1, exit_cell
+    )  # after step 100
     equal = _equal(_state(trainer), ref)
-    _report("npt resident targeted os._exit of cell (1, 0)", kills=1, recoveries=trainer.recoveries_,
-            seconds=seconds, bit_identical=equal)
+    _report(
+        "npt resident targeted os._exit of cell (1, 0)",
+        kills=1,
+        recoveries=trainer.recoveries_,
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert trainer.recoveries_ == 1 and victim not in trainer.grid_.workers
     assert equal
 
 
 # -- MGRIT ---------------------------------------------------------------------------------------------
-MGRIT_KW = dict(lr=1e-4, momentum=0.9, batch_size=16, seed=0, levels=3, cfactor=4, tol=1e-9, max_iter=30,
-                intervals_per_task=16, timeout=120.0)
+MGRIT_KW = dict(
+    lr=1e-4,
+    momentum=0.9,
+    batch_size=16,
+    seed=0,
+    levels=3,
+    cfactor=4,
+    tol=1e-9,
+    max_iter=30,
+    intervals_per_task=16,
+    timeout=120.0,
+)
 MGRIT_STEPS = 256
 
 
@@ -417,8 +455,15 @@ def test_mgrit_chaos_is_bit_identical(fclient, mgrit_data, mgrit_reference, tmp_
     finally:
         _settle(fclient)
     equal = _equal(_state(trainer), _state(ref))
-    _report("mgrit chaos", kills=len(chaos.killed), period_s=2.0, iterations=trainer.n_iter_, seconds=seconds,
-            bit_identical=equal, same_residuals=trainer.result_.residuals == ref.result_.residuals)
+    _report(
+        "mgrit chaos",
+        kills=len(chaos.killed),
+        period_s=2.0,
+        iterations=trainer.n_iter_,
+        seconds=seconds,
+        bit_identical=equal,
+        same_residuals=trainer.result_.residuals == ref.result_.residuals,
+    )
     assert len(chaos.killed) >= 1, "the chaos must actually kill workers during the run"
     assert equal and trainer.result_.residuals == ref.result_.residuals
 
@@ -489,8 +534,16 @@ def test_mgrit_under_the_killworker_plugin_is_bit_identical(mgrit_data, mgrit_re
         client.close()
         cluster.close()
     equal = _equal(_state(trainer), _state(ref))
-    _report("mgrit KillWorker(mode='segfault') plugin", worker_lifetime_s=delay, window_s=window, workers=N_WORKERS,
-            restarts_seen=seen.restarts, iterations=trainer.n_iter_, seconds=seconds, bit_identical=equal)
+    _report(
+        "mgrit KillWorker(mode='segfault') plugin",
+        worker_lifetime_s=delay,
+        window_s=window,
+        workers=N_WORKERS,
+        restarts_seen=seen.restarts,
+        iterations=trainer.n_iter_,
+        seconds=seconds,
+        bit_identical=equal,
+    )
     # kills are random (a run may see none: then it only checks the undisturbed result); restarts are reported
     assert equal and trainer.result_.residuals == ref.result_.residuals
 
@@ -514,33 +567,45 @@ def test_mgrit_task_worker_exit_is_recomputed(fclient, mgrit_data, mgrit_referen
         assert victim is not None, "no MGRIT task was seen running after the first iteration"
         _exit_worker(fclient, victim)
 
-    _, seconds = _fault_during(fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS),
-                               lambda: _mgrit_iteration(path) >= 1, exit_task_worker)
+    _, seconds = _fault_during(
+        fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS), lambda: _mgrit_iteration(path) >= 1, exit_task_worker
+    )
     equal = _equal(_state(trainer), _state(ref))
-    _report("mgrit targeted os._exit of a task's worker", kills=1, iterations=trainer.n_iter_, seconds=seconds,
-            bit_identical=equal)
+    _report(
+        "mgrit targeted os._exit of a task's worker",
+        kills=1,
+        iterations=trainer.n_iter_,
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert equal and trainer.result_.residuals == ref.result_.residuals
 
 
 @pytest.mark.slow
-def test_mgrit_all_workers_killed_at_once_rescatters_and_is_bit_identical(fclient, mgrit_data, mgrit_reference,
-                                                                          tmp_path):
+def test_mgrit_all_workers_killed_at_once_rescatters_and_is_bit_identical(
+    fclient, mgrit_data, mgrit_reference, tmp_path
+):
     """Every copy of the broadcast context dies: the iteration is rerun on a re-scattered one."""
     X, y = mgrit_data
     ref, _ = mgrit_reference
     path = tmp_path / "traj.zarr"
     trainer = _mgrit(fclient, store=path)
-    kills, seconds = _kill_all_workers_during(fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS),
-                                              lambda: _mgrit_iteration(path) >= 1)
+    kills, seconds = _kill_all_workers_during(
+        fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS), lambda: _mgrit_iteration(path) >= 1
+    )
     equal = _equal(_state(trainer), _state(ref))
-    _report("mgrit all workers SIGKILLed at once after iteration 1", kills=kills, iterations=trainer.n_iter_,
-            seconds=seconds, bit_identical=equal)
+    _report(
+        "mgrit all workers SIGKILLed at once after iteration 1",
+        kills=kills,
+        iterations=trainer.n_iter_,
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert equal and trainer.result_.residuals == ref.result_.residuals
 
 
 # -- partitioned training ------------------------------------------------------------------------------
-PART_KW = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3, k=2, noise=0.02, sub_steps=3000, retries=2,
-               timeout=240.0)
+PART_KW = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3, k=2, noise=0.02, sub_steps=3000, retries=2, timeout=240.0)
 PART_STEPS = 20
 
 
@@ -578,14 +643,19 @@ def test_partition_chaos_is_bit_identical(fclient, regression, partition_referen
     finally:
         _settle(fclient)
     equal = _equal(_part_state(trainer), ref)
-    _report("partition chaos", kills=len(chaos.killed), period_s=1.5, resumed_from=_resumed_from(trainer),
-            seconds=seconds, bit_identical=equal)
+    _report(
+        "partition chaos",
+        kills=len(chaos.killed),
+        period_s=1.5,
+        resumed_from=_resumed_from(trainer),
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert len(chaos.killed) >= 1, "the chaos must actually kill workers during the run"
     assert equal
 
 
-def test_partition_submodel_worker_exit_resumes_from_its_checkpoint(fclient, regression, partition_reference,
-                                                                   tmp_path):
+def test_partition_submodel_worker_exit_resumes_from_its_checkpoint(fclient, regression, partition_reference, tmp_path):
     X, y = regression
     ref, _ = partition_reference
     trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
@@ -600,30 +670,45 @@ def test_partition_submodel_worker_exit_resumes_from_its_checkpoint(fclient, reg
         _exit_worker(fclient, victim)
 
     _, seconds = _fault_during(
-        fclient, lambda: trainer.fit(X, y, steps=PART_STEPS),
+        fclient,
+        lambda: trainer.fit(X, y, steps=PART_STEPS),
         lambda: (sub1 / store.CHECKPOINT_DIR).is_dir() and len(store.list_checkpoints(sub1)) >= 1,
-        exit_submodel_worker)
+        exit_submodel_worker,
+    )
     equal = _equal(_part_state(trainer), ref)
-    _report("partition targeted os._exit of sub-model 1's worker", kills=1, resumed_from=_resumed_from(trainer),
-            seconds=seconds, bit_identical=equal)
+    _report(
+        "partition targeted os._exit of sub-model 1's worker",
+        kills=1,
+        resumed_from=_resumed_from(trainer),
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert _resumed_from(trainer)[1] > 0, "the rerun sub-model must continue from its last checkpoint"
     assert equal
 
 
 @pytest.mark.slow
-def test_partition_all_workers_killed_at_once_resume_from_checkpoints(fclient, regression, partition_reference,
-                                                                      tmp_path):
+def test_partition_all_workers_killed_at_once_resume_from_checkpoints(
+    fclient, regression, partition_reference, tmp_path
+):
     """Every copy of the broadcast training data dies with the workers during the sub-model phase."""
     X, y = regression
     ref, _ = partition_reference
     trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
     subs = [tmp_path / "partition" / f"submodel-{g}" for g in range(2)]
     kills, seconds = _kill_all_workers_during(
-        fclient, lambda: trainer.fit(X, y, steps=PART_STEPS),
-        lambda: all((d / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(d) for d in subs))
+        fclient,
+        lambda: trainer.fit(X, y, steps=PART_STEPS),
+        lambda: all((d / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(d) for d in subs),
+    )
     equal = _equal(_part_state(trainer), ref)
-    _report("partition all workers SIGKILLed at once", kills=kills, resumed_from=_resumed_from(trainer),
-            seconds=seconds, bit_identical=equal)
+    _report(
+        "partition all workers SIGKILLed at once",
+        kills=kills,
+        resumed_from=_resumed_from(trainer),
+        seconds=seconds,
+        bit_identical=equal,
+    )
     assert min(_resumed_from(trainer)) > 0
     assert equal
 
@@ -631,18 +716,105 @@ def test_partition_all_workers_killed_at_once_resume_from_checkpoints(fclient, r
 # -- client and scheduler killed: the public resume command --------------------------------------------
 BASE = [sys.executable, "-m", "daskann", "train"]
 CLI = {
-    "npt": [*BASE, "npt", "--dataset", "linear", "--n-samples", "400", "--n-features", "7", "--n-outputs", "4",
-            "--hidden", "16", "--lr", "0.05", "--momentum", "0.9", "--batch-size", "20", "--steps", "400",
-            "--checkpoint-every", "50", "--workers", "2", "--grid", "1x2", "--mode", "resident",
-            "--timeout", "60", "-q"],
-    "mgrit": [*BASE, "mgrit", "--dataset", "linear", "--n-samples", "320", "--n-features", "8", "--n-outputs", "1",
-              "--hidden", "8", "--lr", "1e-4", "--momentum", "0.9", "--batch-size", "16", "--steps", "256",
-              "--levels", "3", "--coarsening", "4", "--tol", "1e-9", "--max-iter", "30", "--intervals-per-task",
-              "16", "--workers", "2", "-q"],
-    "partition": [*BASE, "partition", "--dataset", "linear", "--n-samples", "400", "--n-features", "7",
-                  "--n-outputs", "4", "--hidden", "32,32", "--lr", "0.05", "--momentum", "0.9", "--batch-size",
-                  "20", "-k", "2", "--sub-steps", "2000", "--steps", "100", "--checkpoint-every", "250",
-                  "--workers", "2", "-q"],
+    "npt": [
+        *BASE,
+        "npt",
+        "--dataset",
+        "linear",
+        "--n-samples",
+        "400",
+        "--n-features",
+        "7",
+        "--n-outputs",
+        "4",
+        "--hidden",
+        "16",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.9",
+        "--batch-size",
+        "20",
+        "--steps",
+        "400",
+        "--checkpoint-every",
+        "50",
+        "--workers",
+        "2",
+        "--grid",
+        "1x2",
+        "--mode",
+        "resident",
+        "--timeout",
+        "60",
+        "-q",
+    ],
+    "mgrit": [
+        *BASE,
+        "mgrit",
+        "--dataset",
+        "linear",
+        "--n-samples",
+        "320",
+        "--n-features",
+        "8",
+        "--n-outputs",
+        "1",
+        "--hidden",
+        "8",
+        "--lr",
+        "1e-4",
+        "--momentum",
+        "0.9",
+        "--batch-size",
+        "16",
+        "--steps",
+        "256",
+        "--levels",
+        "3",
+        "--coarsening",
+        "4",
+        "--tol",
+        "1e-9",
+        "--max-iter",
+        "30",
+        "--intervals-per-task",
+        "16",
+        "--workers",
+        "2",
+        "-q",
+    ],
+    "partition": [
+        *BASE,
+        "partition",
+        "--dataset",
+        "linear",
+        "--n-samples",
+        "400",
+        "--n-features",
+        "7",
+        "--n-outputs",
+        "4",
+        "--hidden",
+        "32,32",
+        "--lr",
+        "0.05",
+        "--momentum",
+        "0.9",
+        "--batch-size",
+        "20",
+        "-k",
+        "2",
+        "--sub-steps",
+        "2000",
+        "--steps",
+        "100",
+        "--checkpoint-every",
+        "250",
+        "--workers",
+        "2",
+        "-q",
+    ],
 }
 
 
@@ -710,8 +882,9 @@ def _kill_group_after_progress(method, proc, out, delay, timeout=180):
 def test_client_and_scheduler_killed_resume_bit_identical(method, tmp_path, tmp_path_factory):
     (ref, ref_step), ref_seconds = _straight(method, tmp_path_factory)
     out = tmp_path / "run"
-    proc = subprocess.Popen([*CLI[method], "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI[method], "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     t0 = time.monotonic()
     killed = _kill_group_after_progress(method, proc, out, delay=0.3)
     assert killed, "the run must be interrupted"
@@ -726,8 +899,15 @@ def test_client_and_scheduler_killed_resume_bit_identical(method, tmp_path, tmp_
     seconds = round(time.monotonic() - t0, 1)
     final, step = _final(out)
     equal = _equal(final, ref)
-    _report(f"{method} CLI process group SIGKILLed, then --resume", kills=1, committed_before_kill=committed,
-            seconds=seconds, straight_seconds=ref_seconds, final_step=step, bit_identical=equal)
+    _report(
+        f"{method} CLI process group SIGKILLed, then --resume",
+        kills=1,
+        committed_before_kill=committed,
+        seconds=seconds,
+        straight_seconds=ref_seconds,
+        final_step=step,
+        bit_identical=equal,
+    )
     assert step == ref_step and equal
     report = store.verify_path(out)
     assert not [i for i in report["items"] if i["status"] == "damaged"], report

@@ -5,7 +5,6 @@ from __future__ import annotations
 import operator
 
 import pytest
-
 from conftest import no_tasks_submitted, scheduler_watch
 
 

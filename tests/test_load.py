@@ -85,8 +85,10 @@ class KeyLog(SchedulerPlugin):
 
     def snapshot(self) -> dict:
         self._scan()
-        return {"graph": {k: sorted(v) for k, v in self.graph.items()},
-                "held": {k: sorted(v) for k, v in self.held.items()}}
+        return {
+            "graph": {k: sorted(v) for k, v in self.graph.items()},
+            "held": {k: sorted(v) for k, v in self.held.items()},
+        }
 
 
 def _snapshot(dask_scheduler):
@@ -95,13 +97,24 @@ def _snapshot(dask_scheduler):
 
 # -- the four configurations (tiny nets: the test is about the scheduler, not the arithmetic) ---------------------
 def _npt_2x2(c):
-    return NPTTrainer((6,), grid="2x2", mode="graph", pipeline="fused", share_workers=True, batch_size=16, lr=0.05,
-                      momentum=0.5, seed=1, client=c)
+    return NPTTrainer(
+        (6,),
+        grid="2x2",
+        mode="graph",
+        pipeline="fused",
+        share_workers=True,
+        batch_size=16,
+        lr=0.05,
+        momentum=0.5,
+        seed=1,
+        client=c,
+    )
 
 
 def _npt_1x2(c):
-    return NPTTrainer((5, 4), grid="1x2", mode="graph", pipeline="fused", share_workers=True, batch_size=8, lr=0.05,
-                      seed=2, client=c)
+    return NPTTrainer(
+        (5, 4), grid="1x2", mode="graph", pipeline="fused", share_workers=True, batch_size=8, lr=0.05, seed=2, client=c
+    )
 
 
 def _partition(c):
@@ -109,12 +122,12 @@ def _partition(c):
 
 
 def _mgrit(c):
-    return MGRITTrainer((5,), levels=2, cfactor=4, max_iter=3, require_convergence=False, batch_size=16, lr=0.05,
-                        seed=4, client=c)
+    return MGRITTrainer(
+        (5,), levels=2, cfactor=4, max_iter=3, require_convergence=False, batch_size=16, lr=0.05, seed=4, client=c
+    )
 
 
-CONFIGS = {"npt-2x2": (_npt_2x2, 3), "npt-1x2": (_npt_1x2, 3), "partition": (_partition, 4),
-           "mgrit": (_mgrit, 16)}
+CONFIGS = {"npt-2x2": (_npt_2x2, 3), "npt-1x2": (_npt_1x2, 3), "partition": (_partition, 4), "mgrit": (_mgrit, 16)}
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +176,9 @@ def _check(client4, data, solo, names):
     # concurrent runs leave dask's global scheduler option alone (its save-and-restore is not thread-safe)
     assert dask.config.get("scheduler", None) == scheduler_option
     # every result equals the same configuration trained alone, bit for bit
-    for name, (params, _) in zip(names, results):
+    for name, (params, _) in zip(names, results, strict=True):
         assert all(np.array_equal(a, b) for a, b in zip(params, solo[name], strict=True)), name
-    runs = {cid: name for name, (_, cid) in zip(names, results)}
+    runs = {cid: name for name, (_, cid) in zip(names, results, strict=True)}
     assert len(runs) == len(names)
     keys = {}
     for kind in ("graph", "held"):
@@ -193,9 +206,11 @@ def _check(client4, data, solo, names):
             if other != cid:
                 assert not found & theirs, (runs[cid], runs[other], found & theirs)
     scattered = len(keys) - graph_keys
-    print(f"\n{len(names)} trainings at once: {seconds:.1f} s, all bit-identical to their solo runs; "
-          f"{len(keys)} keys checked ({graph_keys} graph keys with a per-run prefix, {scattered} scattered), "
-          f"0 shared; {sum(map(len, prefixes.values()))} distinct prefixes")
+    print(
+        f"\n{len(names)} trainings at once: {seconds:.1f} s, all bit-identical to their solo runs; "
+        f"{len(keys)} keys checked ({graph_keys} graph keys with a per-run prefix, {scattered} scattered), "
+        f"0 shared; {sum(map(len, prefixes.values()))} distinct prefixes"
+    )
     return seconds
 
 
@@ -214,8 +229,10 @@ def test_key_log_sees_a_key_two_runs_share(client4):
     """Negative control: two clients submitting one key under the same name are caught as sharing it."""
     client4.register_plugin(KeyLog(), name=PLUGIN)
     try:
-        with Client(client4.scheduler.address, set_as_default=False) as a, \
-                Client(client4.scheduler.address, set_as_default=False) as b:
+        with (
+            Client(client4.scheduler.address, set_as_default=False) as a,
+            Client(client4.scheduler.address, set_as_default=False) as b,
+        ):
             key = "daskann-npt-000000000000-shared"
             assert a.submit(sum, [1, 2], key=key).result() == 3
             assert b.submit(sum, [1, 2], key=key).result() == 3

@@ -87,8 +87,9 @@ def reference_mgrit(phis, u0, n, levels, m, *, cf_iter, cycle, iterations):
     history = []
     for _ in range(iterations):
         iteration(0, cycle)
-        history.append(math.sqrt(sum(
-            float(np.sum((phis[0](u[0][p - 1], p - 1) - u[0][p]) ** 2)) for p in range(m, n + 1, m))))
+        history.append(
+            math.sqrt(sum(float(np.sum((phis[0](u[0][p - 1], p - 1) - u[0][p]) ** 2)) for p in range(m, n + 1, m)))
+        )
     return history
 
 
@@ -101,18 +102,23 @@ def _decay_problem(dim=3, lam=0.95):
     def coarse(state, start, stop, level):
         return ((1.0 - (1.0 - rates) * (stop - start)) * state[0],)
 
-    levels_phi = lambda m, levels: [lambda x, p: rates * x] + [  # noqa: E731
-        (lambda span: (lambda x, p: (1.0 - (1.0 - rates) * span) * x))(m**lvl) for lvl in range(1, levels)]
+    def levels_phi(m, levels):
+        return [lambda x, p: rates * x] + [
+            (lambda span: lambda x, p: (1.0 - (1.0 - rates) * span) * x)(m**lvl) for lvl in range(1, levels)
+        ]
+
     return FunctionPropagator(phi, coarse), levels_phi
 
 
 @pytest.mark.parametrize("levels,m,cf_iter,cycle", [(2, 4, 1, "V"), (3, 4, 0, "V"), (3, 2, 1, "F"), (4, 2, 2, "F")])
 def test_cycles_match_an_independent_fas_implementation(levels, m, cf_iter, cycle):
     prop, level_phis = _decay_problem()
-    result = MGRIT(prop, (np.ones(3),), 64, levels=levels, cfactor=m, cf_iter=cf_iter, cycle_type=cycle,
-                   tol=1e-300, max_iter=5).solve()
-    expected = reference_mgrit(level_phis(m, levels), np.ones(3), 64, levels, m, cf_iter=cf_iter, cycle=cycle,
-                               iterations=5)
+    result = MGRIT(
+        prop, (np.ones(3),), 64, levels=levels, cfactor=m, cf_iter=cf_iter, cycle_type=cycle, tol=1e-300, max_iter=5
+    ).solve()
+    expected = reference_mgrit(
+        level_phis(m, levels), np.ones(3), 64, levels, m, cf_iter=cf_iter, cycle=cycle, iterations=5
+    )
     np.testing.assert_allclose(result.residuals, expected, rtol=1e-9, atol=1e-16)
 
 
@@ -121,8 +127,18 @@ def test_nested_iteration_and_weights_converge_to_the_serial_solution(cycle):
     prop = linear.LinearPropagator.random_stable(4, seed=2)
     exact = prop.exact_cpoints(np.ones(4), 128, 2)[-1]
     plain = MGRIT(prop, (np.ones(4),), 128, levels=4, cfactor=2, cycle_type=cycle, tol=1e-12).solve()
-    nested = MGRIT(prop, (np.ones(4),), 128, levels=4, cfactor=2, cycle_type=cycle, tol=1e-12,
-                   nested_iteration=True, weight_c=[1.0, 1.2, 1.2], t_norm=np.inf).solve()
+    nested = MGRIT(
+        prop,
+        (np.ones(4),),
+        128,
+        levels=4,
+        cfactor=2,
+        cycle_type=cycle,
+        tol=1e-12,
+        nested_iteration=True,
+        weight_c=[1.0, 1.2, 1.2],
+        t_norm=np.inf,
+    ).solve()
     for result in (plain, nested):
         assert result.converged and np.allclose(result.state[0], exact, rtol=1e-10, atol=0)
     assert nested.residuals[0] < plain.residuals[0]  # the coarse levels' solution is a better start
@@ -174,8 +190,9 @@ def test_fine_propagator_is_the_serial_step():
 @pytest.mark.parametrize("cf_iter", [0, 1])
 def test_exactness_two_levels_any_coarse_propagator(cf_iter):
     """XBraid's property: F-relaxation makes one more C-point exact per iteration, FCF two."""
-    X, y, net, prop = _problem(coarse=lambda state, start, stop, level: tuple(0.5 * a for a in state),
-                               lr=0.01, momentum=0.9)
+    X, y, net, prop = _problem(
+        coarse=lambda state, start, stop, level: tuple(0.5 * a for a in state), lr=0.01, momentum=0.9
+    )
     n, m = 64, 4
     serial = _serial(X, y, n, lr=0.01, momentum=0.9)
     exact_after = (n // m) if cf_iter == 0 else -(-(n // m) // 2)
@@ -185,8 +202,18 @@ def test_exactness_two_levels_any_coarse_propagator(cf_iter):
         model, _ = prop.split(info.state)
         errors.append(_rel(_flat(model.params), _flat(serial.model_.params)))
 
-    MGRIT(prop, prop.initial_state(net), n, levels=2, cfactor=m, cf_iter=cf_iter, tol=1e-300,
-          max_iter=exact_after, divergence_factor=None, callback=record).solve()
+    MGRIT(
+        prop,
+        prop.initial_state(net),
+        n,
+        levels=2,
+        cfactor=m,
+        cf_iter=cf_iter,
+        tol=1e-300,
+        max_iter=exact_after,
+        divergence_factor=None,
+        callback=record,
+    ).solve()
     assert errors[-1] < 1e-13, errors
     assert errors[-2] > 1e-6, "the coarse propagator is so poor that one iteration less is not exact"
 
@@ -203,8 +230,9 @@ def test_linear_convergence_agrees_with_two_level_theory(problem, cf_iter):
     else:
         prop = linear.LinearPropagator.random_stable(6, seed=3)
     n_c = n // m
-    bound = linear.two_level_bound(prop.fine_eigenvalues(), prop.coarse_eigenvalues(m), m, n_c,
-                                   relaxation="F" if cf_iter == 0 else "FCF")
+    bound = linear.two_level_bound(
+        prop.fine_eigenvalues(), prop.coarse_eigenvalues(m), m, n_c, relaxation="F" if cf_iter == 0 else "FCF"
+    )
     u0 = (np.ones(prop.size),)
     exact = prop.exact_cpoints(u0[0], n, m)
     factors = []
@@ -215,8 +243,7 @@ def test_linear_convergence_agrees_with_two_level_theory(problem, cf_iter):
         factors.append(err / previous[0])
         previous[0] = err
 
-    result = MGRIT(prop, u0, n, levels=2, cfactor=m, cf_iter=cf_iter, tol=1e-12, max_iter=40,
-                   callback=record).solve()
+    result = MGRIT(prop, u0, n, levels=2, cfactor=m, cf_iter=cf_iter, tol=1e-12, max_iter=40, callback=record).solve()
     assert result.converged
     assert 0 < bound < 1
     # every iteration contracts the C-point error at least as fast as the bound says ...
@@ -244,11 +271,23 @@ def test_converged_training_equals_serial_on_every_scheduler(momentum, train_dat
     lr = ACCEPT[momentum]
     serial = _serial(X, y, 512, lr=lr, momentum=momentum, hidden=(8,))
     ref = _flat(serial.model_.params + serial.velocity_)
-    common = dict(lr=lr, momentum=momentum, batch_size=16, seed=0, levels=3, cfactor=4, tol=1e-9, max_iter=30,
-                  intervals_per_task=32)
+    common = dict(
+        lr=lr,
+        momentum=momentum,
+        batch_size=16,
+        seed=0,
+        levels=3,
+        cfactor=4,
+        tol=1e-9,
+        max_iter=30,
+        intervals_per_task=32,
+    )
     runs = {}
-    schedulers = [("2 workers", dict(client=cluster_factory(2))), ("threads", dict(scheduler="threads")),
-                  ("1 worker", dict(client=cluster_factory(1)))]
+    schedulers = [
+        ("2 workers", dict(client=cluster_factory(2))),
+        ("threads", dict(scheduler="threads")),
+        ("1 worker", dict(client=cluster_factory(1))),
+    ]
     if momentum == 0.0:
         schedulers.append(("in-process", dict(scheduler="inprocess")))
     for name, kwargs in schedulers:
@@ -256,15 +295,19 @@ def test_converged_training_equals_serial_on_every_scheduler(momentum, train_dat
         t = MGRITTrainer((8,), **common, **kwargs).fit(X, y, steps=512)
         runs[name] = t
         error = _rel(_flat(t.model_.params + t.velocity_), ref)
-        print(f"momentum {momentum} {name}: {t.n_iter_} iterations, {time.perf_counter() - start:.1f} s, "
-              f"relative error {error:.1e}")
+        print(
+            f"momentum {momentum} {name}: {t.n_iter_} iterations, {time.perf_counter() - start:.1f} s, "
+            f"relative error {error:.1e}"
+        )
         assert t.result_.converged and error < 1e-9, name
     # nothing depends on the scheduler or the number of workers: same residuals, same bits
     first = runs["2 workers"]
     for t in runs.values():
         assert t.result_.residuals == first.result_.residuals
-        assert all(np.array_equal(a, b) for a, b in zip(t.model_.params + t.velocity_,
-                                                        first.model_.params + first.velocity_, strict=True))
+        assert all(
+            np.array_equal(a, b)
+            for a, b in zip(t.model_.params + t.velocity_, first.model_.params + first.velocity_, strict=True)
+        )
     assert first.result_.executor == "distributed" and runs["threads"].result_.executor == "threads"
 
 
@@ -276,26 +319,39 @@ def test_relative_stopping_preset_still_equals_serial(momentum, train_data):
     lr = ACCEPT[momentum]
     serial = _serial(X, y, 512, lr=lr, momentum=momentum, hidden=(8,))
     ref = _flat(serial.model_.params + serial.velocity_)
-    common = dict(lr=lr, momentum=momentum, batch_size=16, seed=0, levels=3, cfactor=4, max_iter=30,
-                  scheduler="inprocess")
+    common = dict(
+        lr=lr, momentum=momentum, batch_size=16, seed=0, levels=3, cfactor=4, max_iter=30, scheduler="inprocess"
+    )
     assert resolve_preset("solver4") == resolve_preset("solver2", rtol=1e-9)
     relative = MGRITTrainer((8,), preset="solver4", **common).fit(X, y, steps=512)
     absolute = MGRITTrainer((8,), preset="solver2", **common).fit(X, y, steps=512)
     error = _rel(_flat(relative.model_.params + relative.velocity_), ref)
-    print(f"momentum {momentum}: solver4 {relative.n_iter_} iterations (solver2 {absolute.n_iter_}), "
-          f"relative error {error:.1e}")
+    print(
+        f"momentum {momentum}: solver4 {relative.n_iter_} iterations (solver2 {absolute.n_iter_}), "
+        f"relative error {error:.1e}"
+    )
     assert relative.result_.converged and error < 1e-9
     assert relative.n_iter_ <= absolute.n_iter_
     assert relative.result_.residuals == absolute.result_.residuals[: relative.n_iter_]
-    assert relative.result_.residuals[-1] <= 1e-9 * relative.result_.residuals[0] or \
-        relative.result_.residuals[-1] <= 1e-9
+    assert (
+        relative.result_.residuals[-1] <= 1e-9 * relative.result_.residuals[0] or relative.result_.residuals[-1] <= 1e-9
+    )
 
 
 def test_unstable_configuration_is_an_error_not_a_result(train_data):
     X, y = train_data
     # uncapped coarse learning rate (lr * 16 on level 2) with momentum 0.9: beyond SGD's stability region
-    trainer = MGRITTrainer((8,), lr=0.01, momentum=0.9, batch_size=16, preset="solver1", levels=3, cfactor=4,
-                           max_iter=20, scheduler="inprocess")
+    trainer = MGRITTrainer(
+        (8,),
+        lr=0.01,
+        momentum=0.9,
+        batch_size=16,
+        preset="solver1",
+        levels=3,
+        cfactor=4,
+        max_iter=20,
+        scheduler="inprocess",
+    )
     with pytest.raises(MGRITDiverged) as info:
         trainer.fit(X, y, steps=512)
     assert isinstance(info.value, TrainingDiverged)
@@ -303,8 +359,17 @@ def test_unstable_configuration_is_an_error_not_a_result(train_data):
     assert f"level {info.value.level}" in str(info.value) and f"step {info.value.step}" in str(info.value)
     assert not hasattr(trainer, "model_")
     # the capped coarse step does not rescue it (the fine level's momentum oscillation): an error as well
-    capped = MGRITTrainer((8,), lr=0.01, momentum=0.9, batch_size=16, preset="solver2", levels=3, cfactor=4,
-                          max_iter=8, scheduler="inprocess")
+    capped = MGRITTrainer(
+        (8,),
+        lr=0.01,
+        momentum=0.9,
+        batch_size=16,
+        preset="solver2",
+        levels=3,
+        cfactor=4,
+        max_iter=8,
+        scheduler="inprocess",
+    )
     with pytest.raises((MGRITDiverged, MGRITNotConverged)):
         capped.fit(X, y, steps=512)
     assert not hasattr(capped, "model_")
@@ -365,8 +430,18 @@ def test_non_finite_state_stops_and_keeps_the_store_consistent(tmp_path):
 
     store = tmp_path / "t.zarr"
     with pytest.raises(MGRITDiverged) as info:
-        MGRIT(phi, (np.ones(3),), 64, levels=2, cfactor=4, store=store, run_id="r", scheduler="sync",
-              max_iter=5, divergence_factor=None).solve()
+        MGRIT(
+            phi,
+            (np.ones(3),),
+            64,
+            levels=2,
+            cfactor=4,
+            store=store,
+            run_id="r",
+            scheduler="sync",
+            max_iter=5,
+            divergence_factor=None,
+        ).solve()
     assert (info.value.level, info.value.step, info.value.iteration) == (0, 38, 1)
     assert "NaN or Inf" in str(info.value) and "level 0 at fine step 38" in str(info.value)
     progress = json.loads((store / "progress.json").read_text())
@@ -379,16 +454,19 @@ def test_non_finite_state_stops_and_keeps_the_store_consistent(tmp_path):
 # -- bad input ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    (dict(cfactor=1), "cfactor"),
-    (dict(levels=6, cfactor=4), "levels"),
-    (dict(tol=0.0), "tol"),
-    (dict(tol=-1e-3), "tol"),
-    (dict(max_iter=0), "max_iter"),
-    (dict(cf_iter=-1), "cf_iter"),
-    (dict(cycle_type="W"), "cycle_type"),
-    (dict(weight_c=2.5), "weight_c"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(cfactor=1), "cfactor"),
+        (dict(levels=6, cfactor=4), "levels"),
+        (dict(tol=0.0), "tol"),
+        (dict(tol=-1e-3), "tol"),
+        (dict(max_iter=0), "max_iter"),
+        (dict(cf_iter=-1), "cf_iter"),
+        (dict(cycle_type="W"), "cycle_type"),
+        (dict(weight_c=2.5), "weight_c"),
+    ],
+)
 def test_bad_solver_options_fail_before_any_task(kwargs, name, client2):
     prop = FunctionPropagator(lambda s, i: (0.9 * s[0],))
     with no_tasks_submitted(client2), pytest.raises(ValueError, match=f"{name}="):
@@ -402,16 +480,27 @@ def test_propagator_of_another_shape_or_dtype_fails_before_any_task(bad, client2
         return {"shape": (np.ones(3),), "dtype": (x.astype(np.float32),), "count": (x, x)}[bad]
 
     with no_tasks_submitted(client2), pytest.raises(PropagatorError, match="propagator=") as info:
-        MGRIT(FunctionPropagator(lambda s, i: (0.5 * s[0],), phi), (np.ones(2),), 16, levels=2, cfactor=4,
-              scheduler=client2).solve()
+        MGRIT(
+            FunctionPropagator(lambda s, i: (0.5 * s[0],), phi),
+            (np.ones(2),),
+            16,
+            levels=2,
+            cfactor=4,
+            scheduler=client2,
+        ).solve()
     assert info.value.level == 1
 
 
 def test_trainer_bad_input_fails_before_any_task(train_data, client2):
     X, y = train_data
-    for kwargs, name in [(dict(cfactor=1), "cfactor"), (dict(levels=9), "levels"), (dict(tol=0.0), "tol"),
-                         (dict(max_iter=0), "max_iter"), (dict(preset="solver9"), "preset"),
-                         (dict(scheduler="gpu"), "scheduler")]:
+    for kwargs, name in [
+        (dict(cfactor=1), "cfactor"),
+        (dict(levels=9), "levels"),
+        (dict(tol=0.0), "tol"),
+        (dict(max_iter=0), "max_iter"),
+        (dict(preset="solver9"), "preset"),
+        (dict(scheduler="gpu"), "scheduler"),
+    ]:
         with no_tasks_submitted(client2), pytest.raises(ValueError, match=f"{name}="):
             MGRITTrainer((8,), client=client2, compute_error=True, **kwargs).fit(X, y, steps=64)
 
@@ -421,8 +510,9 @@ def test_trainer_bad_input_fails_before_any_task(train_data, client2):
 
 def test_trainer_history_params_and_not_converged(train_data):
     X, y = train_data
-    t = MGRITTrainer((8,), lr=1e-3, batch_size=16, levels=2, cfactor=4, scheduler="inprocess",
-                     compute_error=True, tol=1e-10)
+    t = MGRITTrainer(
+        (8,), lr=1e-3, batch_size=16, levels=2, cfactor=4, scheduler="inprocess", compute_error=True, tol=1e-10
+    )
     assert t.get_params()["preset"] == "solver2" and t.set_params(levels=3).levels == 3
     t.set_params(levels=2)
     t.fit(X, y, steps=64, validation_data=(X[:64], y[:64]))
@@ -432,8 +522,9 @@ def test_trainer_history_params_and_not_converged(train_data):
     assert h["residual"].attrs["units"] == "1" and h["error"].values[-1] < 1e-9
     assert h.attrs["mgrit_levels"] == 2 and h.attrs["method"] == "mgrit"
     with pytest.raises(MGRITNotConverged, match="max_iter=1"):
-        MGRITTrainer((8,), lr=1e-3, batch_size=16, levels=2, cfactor=4, scheduler="inprocess",
-                     max_iter=1).fit(X, y, steps=64)
+        MGRITTrainer((8,), lr=1e-3, batch_size=16, levels=2, cfactor=4, scheduler="inprocess", max_iter=1).fit(
+            X, y, steps=64
+        )
 
 
 def test_auto_alpha_cap_follows_the_learning_rate():
@@ -466,8 +557,17 @@ def test_training_data_travels_once_not_with_every_task(client2, monkeypatch):
         return original(self, dsk, keys, **kwargs)
 
     monkeypatch.setattr(type(client2), "get", spy)
-    result = MGRIT(prop, prop.initial_state(net), 32, levels=2, cfactor=4, intervals_per_task=1, max_iter=2,
-                   scheduler=client2, tol=1e-300).solve()
+    result = MGRIT(
+        prop,
+        prop.initial_state(net),
+        32,
+        levels=2,
+        cfactor=4,
+        intervals_per_task=1,
+        max_iter=2,
+        scheduler=client2,
+        tol=1e-300,
+    ).solve()
     data_bytes = X.nbytes + y.nbytes
     for graph in graphs:
         for key, task in graph.items():
@@ -482,28 +582,73 @@ def test_training_data_travels_once_not_with_every_task(client2, monkeypatch):
 def test_train_command_inprocess_json(tmp_path):
     from daskann.mgrit.cli import train_command
 
-    out = CliRunner().invoke(train_command, [
-        "--dataset", "linear", "--n-samples", "160", "--n-features", "8", "--n-outputs", "1", "--hidden", "8",
-        "--steps", "64", "--batch-size", "16", "--lr", "0.001", "--levels", "2", "--coarsening", "4",
-        "--relaxation", "FCF", "--cycle", "V", "--tol", "1e-10", "--scheduler", "inprocess", "--compute-error",
-        "--json", "--output", str(tmp_path / "run"),
-    ])
+    out = CliRunner().invoke(
+        train_command,
+        [
+            "--dataset",
+            "linear",
+            "--n-samples",
+            "160",
+            "--n-features",
+            "8",
+            "--n-outputs",
+            "1",
+            "--hidden",
+            "8",
+            "--steps",
+            "64",
+            "--batch-size",
+            "16",
+            "--lr",
+            "0.001",
+            "--levels",
+            "2",
+            "--coarsening",
+            "4",
+            "--relaxation",
+            "FCF",
+            "--cycle",
+            "V",
+            "--tol",
+            "1e-10",
+            "--scheduler",
+            "inprocess",
+            "--compute-error",
+            "--json",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+    )
     assert out.exit_code == 0, out.output
     summary = json.loads(out.output)
     assert summary["method"] == "mgrit" and summary["converged"] and summary["steps"] == 64
     assert summary["error_vs_serial"] < 1e-9
     assert (tmp_path / "run" / "model.zarr").exists() and (tmp_path / "run" / "history.zarr").exists()
     bad = CliRunner().invoke(train_command, ["--coarsening", "1", "--scheduler", "inprocess", "--steps", "16"])
-    assert bad.exit_code != 0 and "cfactor=1" in bad.output
+    assert bad.exit_code != 0 and "--coarsening=1" in bad.output
 
 
 def test_bench_command_small(tmp_path):
     from daskann.mgrit.cli import bench_command
 
-    out = CliRunner().invoke(bench_command, [
-        "--steps", "32,64", "--presets", "solver2", "--cycles", "V,F", "--coarsest", "4", "--wall-steps", "0",
-        "--output", str(tmp_path), "--json",
-    ])
+    out = CliRunner().invoke(
+        bench_command,
+        [
+            "--steps",
+            "32,64",
+            "--presets",
+            "solver2",
+            "--cycles",
+            "V,F",
+            "--coarsest",
+            "4",
+            "--wall-steps",
+            "0",
+            "--output",
+            str(tmp_path),
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     report = json.loads((tmp_path / "mgrit-bench.json").read_text())
     configs = {r["config"] for r in report["study"]}

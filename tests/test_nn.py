@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from reference_mlp import loss_and_grads
 
-from daskann.nn import MLP, SGD, cross_entropy_loss, dense_backward, mse_loss, softmax
+from daskann.nn import MLP, SGD, cross_entropy_loss, dense_backward, mse_loss, output_loss, sigmoid, softmax, sse_loss
 
 
 def _data(loss, n=12, n_in=5, n_out=3, seed=1):
@@ -25,7 +25,7 @@ def test_gradients_match_finite_differences(activation, loss):
     eps = 1e-6
     worst = 0.0
     for params, grads in ((net.weights, grad_w), (net.biases, grad_b)):
-        for p, g in zip(params, grads):
+        for p, g in zip(params, grads, strict=True):
             numeric = np.zeros_like(p)
             for idx in np.ndindex(p.shape):
                 old = p[idx]
@@ -47,13 +47,13 @@ def test_gradients_match_independent_implementation(activation, loss):
     value, grad_w, grad_b = net.loss_and_gradients(X, y, loss)
     ref_value, ref_w, ref_b = loss_and_grads(net.weights, net.biases, X, y, activation=activation, loss=loss)
     assert value == pytest.approx(ref_value, rel=1e-13)
-    for g, r in zip(grad_w + grad_b, ref_w + ref_b):
+    for g, r in zip(grad_w + grad_b, ref_w + ref_b, strict=True):
         np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-15)
 
 
 def test_initialisation_is_seeded_and_typed():
     a, b = MLP([4, 6, 2], seed=5), MLP([4, 6, 2], seed=5)
-    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params))
+    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params, strict=True))
     assert not np.array_equal(a.weights[0], MLP([4, 6, 2], seed=6).weights[0])
     net32 = MLP([4, 6, 2], dtype="float32")
     assert all(p.dtype == np.float32 for p in net32.params)
@@ -127,8 +127,9 @@ def test_sgd_rejects_bad_settings(kwargs, error, name):
 @pytest.mark.parametrize(
     ("kwargs", "error", "name"),
     [
-        ({"activation": "tanh"}, ValueError, "activation"),
-        ({"output": "sigmoid"}, ValueError, "output"),
+        ({"activation": "swish"}, ValueError, "activation='swish'.*'relu', 'leaky_relu', 'sigmoid', 'tanh'"),
+        ({"output": "relu"}, ValueError, "output='relu'.*'linear', 'softmax', 'sigmoid', 'tanh'"),
+        ({"bias": "no"}, TypeError, "bias='no'"),
         ({"dtype": "int32"}, TypeError, "dtype"),
         ({"dtype": "float16"}, TypeError, "dtype"),
     ],
@@ -145,3 +146,103 @@ def test_mlp_rejects_bad_sizes_and_arrays():
         MLP([3, 0, 2])
     with pytest.raises(ValueError, match="layer 1"):
         MLP.from_arrays([np.zeros((3, 4)), np.zeros((5, 2))], [np.zeros(4), np.zeros(2)])
+
+
+# -- sigmoid and tanh, networks without biases, the "sse" loss ---------------------------------------
+
+_CLASSIC = [
+    ("sigmoid", "sigmoid", "sse", False),
+    ("tanh", "tanh", "sse", False),
+    ("tanh", "linear", "sse", True),
+    ("sigmoid", "tanh", "mse", True),
+    ("tanh", "sigmoid", "mse", False),
+]
+
+
+@pytest.mark.parametrize(("activation", "output", "loss", "bias"), _CLASSIC)
+def test_classic_networks_match_finite_differences(activation, output, loss, bias):
+    X, y = _data("mse")
+    y = np.tanh(y) if output == "tanh" else 1 / (1 + np.exp(-y))
+    net = MLP([5, 6, 3], activation=activation, output=output, bias=bias, seed=3)
+    _, grad_w, grad_b = net.loss_and_gradients(X, y, loss)
+    assert len(grad_b) == (2 if bias else 0)
+    eps, worst = 1e-6, 0.0
+    for p, g in zip(net.params, net.interleave(grad_w, grad_b), strict=True):
+        numeric = np.zeros_like(p)
+        for idx in np.ndindex(p.shape):
+            old = p[idx]
+            p[idx] = old + eps
+            up = net.loss(X, y, loss)
+            p[idx] = old - eps
+            down = net.loss(X, y, loss)
+            p[idx] = old
+            numeric[idx] = (up - down) / (2 * eps)
+        worst = max(worst, np.max(np.abs(numeric - g)) / max(np.max(np.abs(g)), 1e-12))
+    assert worst < 1e-6
+
+
+@pytest.mark.parametrize(("activation", "output", "loss", "bias"), _CLASSIC)
+def test_classic_networks_match_independent_implementation(activation, output, loss, bias):
+    X, y = _data("mse")
+    net = MLP([5, 8, 3], activation=activation, output=output, bias=bias, seed=4)
+    value, grad_w, grad_b = net.loss_and_gradients(X, y, loss)
+    ref_value, ref_w, ref_b = loss_and_grads(
+        net.weights, net.biases if bias else None, X, y, activation=activation, loss=loss, output=output
+    )
+    assert value == pytest.approx(ref_value, rel=1e-13)
+    for g, r in zip(grad_w + grad_b, ref_w + (ref_b or []), strict=True):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-15)
+
+
+def test_sse_gives_the_classic_backpropagation_delta():
+    out_z = np.array([[0.3, -1.2], [2.0, 0.1]])
+    y = np.array([[1.0, 0.0], [0.0, 1.0]])
+    value, d_out = sse_loss(out_z, y)
+    assert value == pytest.approx(0.5 * np.sum((out_z - y) ** 2))
+    np.testing.assert_array_equal(d_out, out_z - y)
+    out = 1 / (1 + np.exp(-out_z))
+    _, delta = output_loss(out_z, y, loss="sse", output="sigmoid")
+    np.testing.assert_allclose(delta, (out - y) * out * (1 - out), rtol=1e-15)
+    _, delta = output_loss(out_z, y, loss="sse", output="tanh")
+    np.testing.assert_allclose(delta, (np.tanh(out_z) - y) * (1 - np.tanh(out_z) ** 2), rtol=1e-14)
+
+
+def test_sigmoid_is_exact_and_quiet_for_large_inputs():
+    z = np.array([-800.0, -30.0, 0.0, 30.0, 800.0])
+    s = sigmoid(z)  # warnings are errors in the tests: no overflow in exp
+    np.testing.assert_allclose(s[1:4], [1 / (1 + np.exp(30.0)), 0.5, 1 / (1 + np.exp(-30.0))], rtol=1e-15)
+    assert s[0] == 0.0 and s[-1] == 1.0
+    assert sigmoid(np.float32(-1.0)).dtype == np.float32
+
+
+def test_network_without_biases():
+    net = MLP([4, 6, 2], bias=False, seed=5, activation="tanh", output="sigmoid")
+    assert net.biases == [] and net.params == net.weights and net.n_parameters == 4 * 6 + 6 * 2
+    # no bias draws: the layers' weights follow each other in the seeded stream
+    rng = np.random.default_rng(5)
+    rng.uniform(-0.5, 0.5, (4, 6))
+    assert np.array_equal(net.weights[1], rng.uniform(-1 / np.sqrt(6), 1 / np.sqrt(6), (6, 2)))
+    X = np.random.default_rng(0).standard_normal((3, 4))
+    expected = 1 / (1 + np.exp(-(np.tanh(X @ net.weights[0]) @ net.weights[1])))
+    np.testing.assert_allclose(net.predict(X), expected, rtol=1e-14)
+    copy = net.copy()
+    assert not copy.bias and copy.get_config()["bias"] is False and "bias=False" in repr(copy)
+    assert "bias" not in MLP([4, 2]).get_config()
+    built = MLP.from_arrays(net.weights, None, bias=False, activation="tanh")
+    assert built.biases == [] and built.n_parameters == net.n_parameters
+
+
+def test_from_arrays_checks_biases_against_bias():
+    W = [np.zeros((3, 4)), np.zeros((4, 2))]
+    with pytest.raises(ValueError, match="biases=.*bias=False"):
+        MLP.from_arrays(W, [np.zeros(4), np.zeros(2)], bias=False)
+    with pytest.raises(ValueError, match="biases=None.*one bias vector per layer"):
+        MLP.from_arrays(W, None)
+    with pytest.raises(ValueError, match="biases=.*one bias vector per layer"):
+        MLP.from_arrays(W, [np.zeros(4)])
+
+
+def test_unknown_loss_is_named():
+    X, y = _data("mse")
+    with pytest.raises(ValueError, match="loss='hinge'.*'mse', 'cross_entropy', 'sse'"):
+        MLP([5, 3]).loss_and_gradients(X, y, "hinge")

@@ -21,11 +21,11 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from daskann import SerialTrainer, TrainingDiverged, load_checkpoint
-from daskann.npt.grid import live_workers
 from daskann.data import make_linear
 from daskann.npt import GridMatrix, NPTTrainer, ProcessGrid, matmul, matmul_nt, matmul_tn
 from daskann.npt.cannon import plan_product
 from daskann.npt.costmodel import CostModel, candidate_grids, choose_grid
+from daskann.npt.grid import live_workers
 from daskann.npt.trainer import resident_available
 
 TOL = 1e-10
@@ -38,8 +38,8 @@ def _rel(a, b):
 
 
 def _max_error(trainer, serial):
-    errors = [_rel(a, b) for a, b in zip(trainer.model_.params, serial.model_.params)]
-    errors += [_rel(a, b) for a, b in zip(trainer.velocity_, serial.velocity_)]
+    errors = [_rel(a, b) for a, b in zip(trainer.model_.params, serial.model_.params, strict=True)]
+    errors += [_rel(a, b) for a, b in zip(trainer.velocity_, serial.velocity_, strict=True)]
     return max(errors)
 
 
@@ -97,9 +97,11 @@ def test_plan_is_cannon_order_on_square_grid_and_covers_rectangular_ones():
                 k0 = b.row_bounds[t.b_index[0]][0] + t.b_window[0]
                 k1 = b.row_bounds[t.b_index[0]][0] + t.b_window[1]
                 # the left operand's window covers the same k range (stored transposed: rows are k)
-                assert (a.row_bounds[t.a_index[0]][0] + t.a_window[0], a.row_bounds[t.a_index[0]][0] + t.a_window[1]) \
-                    == (k0, k1)
-                count[out_rows[i][0] + r0:out_rows[i][0] + r1, out_cols[j][0] + c0:out_cols[j][0] + c1, k0:k1] += 1
+                assert (
+                    a.row_bounds[t.a_index[0]][0] + t.a_window[0],
+                    a.row_bounds[t.a_index[0]][0] + t.a_window[1],
+                ) == (k0, k1)
+                count[out_rows[i][0] + r0 : out_rows[i][0] + r1, out_cols[j][0] + c0 : out_cols[j][0] + c1, k0:k1] += 1
     assert (count == 1).all()
 
 
@@ -111,9 +113,11 @@ def test_cannon_products_equal_numpy(client4):
         grid = ProcessGrid.from_client(client4, spec, share_workers=share)
         A, B = rng.standard_normal((m, k)), rng.standard_normal((k, n))
         expected = A @ B
-        for product in (matmul(A, B, grid=grid, client=client4, chains=chains),
-                        matmul_tn(A.T.copy(), B, grid=grid, client=client4, chains=chains),
-                        matmul_nt(A, B.T.copy(), grid=grid, client=client4, chains=chains)):
+        for product in (
+            matmul(A, B, grid=grid, client=client4, chains=chains),
+            matmul_tn(A.T.copy(), B, grid=grid, client=client4, chains=chains),
+            matmul_nt(A, B.T.copy(), grid=grid, client=client4, chains=chains),
+        ):
             np.testing.assert_allclose(product.gather(client4), expected, rtol=1e-12, atol=1e-13)
 
 
@@ -143,8 +147,9 @@ def test_grid_matrix_round_trips_through_dask_arrays(client4):
 # -- training equals SerialTrainer --------------------------------------------------------------
 def _compare(client, X, y, hidden, *, grid, mode, steps=30, share_workers=False, pipeline="auto", **kwargs):
     serial = SerialTrainer(hidden, **kwargs).fit(X, y, steps=steps)
-    npt = NPTTrainer(hidden, grid=grid, mode=mode, share_workers=share_workers, pipeline=pipeline, client=client,
-                     **kwargs)
+    npt = NPTTrainer(
+        hidden, grid=grid, mode=mode, share_workers=share_workers, pipeline=pipeline, client=client, **kwargs
+    )
     npt.fit(X, y, steps=steps)
     assert npt.mode_ == mode and (npt.grid_.rows, npt.grid_.cols) == tuple(int(v) for v in grid.split("x"))
     assert npt.n_steps_ == steps and npt.history_.sizes["step"] == steps
@@ -162,12 +167,25 @@ GRID_CASES = [
 
 
 @pytest.mark.parametrize("grid,share,loss,activation,output,pipeline", GRID_CASES)
-def test_graph_mode_equals_serial(client4, regression, classification, grid, share, loss, activation, output,
-                                  pipeline):
+def test_graph_mode_equals_serial(client4, regression, classification, grid, share, loss, activation, output, pipeline):
     X, y = regression if loss == "mse" else classification
-    npt, _ = _compare(client4, X, y, (10,), grid=grid, mode="graph", share_workers=share, loss=loss,
-                      activation=activation, output=output, pipeline=pipeline, lr=0.05, momentum=0.9,
-                      batch_size=20, seed=3)
+    npt, _ = _compare(
+        client4,
+        X,
+        y,
+        (10,),
+        grid=grid,
+        mode="graph",
+        share_workers=share,
+        loss=loss,
+        activation=activation,
+        output=output,
+        pipeline=pipeline,
+        lr=0.05,
+        momentum=0.9,
+        batch_size=20,
+        seed=3,
+    )
     h = npt.history_
     assert {"compute_time", "comm_time", "bytes_moved"} <= set(h.data_vars)
     assert h.attrs["grid"] == grid and h.attrs["mode"] == "graph"
@@ -176,11 +194,26 @@ def test_graph_mode_equals_serial(client4, regression, classification, grid, sha
 
 @needs_resident
 @pytest.mark.parametrize("grid,share,loss,activation,output,pipeline", GRID_CASES)
-def test_resident_mode_equals_serial(client4, regression, classification, grid, share, loss, activation, output,
-                                     pipeline):
+def test_resident_mode_equals_serial(
+    client4, regression, classification, grid, share, loss, activation, output, pipeline
+):
     X, y = regression if loss == "mse" else classification
-    _compare(client4, X, y, (10,), grid=grid, mode="resident", share_workers=share, loss=loss,
-             activation=activation, output=output, lr=0.05, momentum=0.9, batch_size=20, seed=3)
+    _compare(
+        client4,
+        X,
+        y,
+        (10,),
+        grid=grid,
+        mode="resident",
+        share_workers=share,
+        loss=loss,
+        activation=activation,
+        output=output,
+        lr=0.05,
+        momentum=0.9,
+        batch_size=20,
+        seed=3,
+    )
 
 
 # -- the scheduler's records -------------------------------------------------------------------
@@ -241,7 +274,7 @@ def test_block_products_run_on_their_owners_and_no_worker_holds_a_whole_weight_m
                 step = m.group(2) or m.group(3)
                 blocks.setdefault((m.group(1), step, int(m.group(4))), set()).add((int(m.group(5)), int(m.group(6))))
                 assert shape != full[int(m.group(4))], (worker, key, shape)
-            assert all(s < f for s, f in zip(shape, max(full))) or len(shape) != 2 or shape not in full
+            assert all(s < f for s, f in zip(shape, max(full), strict=False)) or len(shape) != 2 or shape not in full
         assert blocks, worker
         assert all(len(cells) < 4 for cells in blocks.values()), (worker, blocks)
 
@@ -272,8 +305,10 @@ def test_bad_input_fails_before_any_task(client4, regression, kwargs, error, pat
 
 def test_multithreaded_workers_refused_when_deterministic(regression):
     X, y = regression
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster, \
-            Client(cluster, set_as_default=False) as client:
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster,
+        Client(cluster, set_as_default=False) as client,
+    ):
         with no_tasks_submitted(client):
             with pytest.raises(ValueError, match=r"deterministic=True.*runs 2.*deterministic=False"):
                 NPTTrainer((5,), grid="1x1", mode="graph", client=client).fit(X, y, steps=2)
@@ -285,17 +320,21 @@ def test_multithreaded_workers_refused_when_deterministic(regression):
 def test_checkpoint_loads_into_serial_trainer_and_onto_another_grid(client4, regression, tmp_path):
     X, y = regression
     kwargs = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3)
-    npt = NPTTrainer((10,), grid="2x2", mode="graph", client=client4, checkpoint_dir=tmp_path / "run",
-                     checkpoint_every=3, **kwargs).fit(X, y, steps=6)
-    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == \
-        ["step-00000003.zarr", "step-00000006.zarr"]
+    npt = NPTTrainer(
+        (10,), grid="2x2", mode="graph", client=client4, checkpoint_dir=tmp_path / "run", checkpoint_every=3, **kwargs
+    ).fit(X, y, steps=6)
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "step-00000003.zarr",
+        "step-00000006.zarr",
+    ]
     ckpt = load_checkpoint(tmp_path / "run")
     assert ckpt.step == 6 and ckpt.extra["grid"] == "2x2" and ckpt.training["method"] == "npt"
     reference = SerialTrainer((10,), **kwargs).fit(X, y, steps=10)
     serial = SerialTrainer((10,), **kwargs).fit(X, y, steps=10, resume=tmp_path / "run")
     assert _max_error(serial, reference) < TOL
     other = NPTTrainer((10,), grid="1x3", mode="graph", client=client4, **kwargs).fit(
-        X, y, steps=10, resume=tmp_path / "run")
+        X, y, steps=10, resume=tmp_path / "run"
+    )
     assert list(other.history_["step"].values) == list(range(7, 11)) and other.n_steps_ == 10
     assert _max_error(other, reference) < TOL
     assert _max_error(npt, SerialTrainer((10,), **kwargs).fit(X, y, steps=6)) < TOL
@@ -332,8 +371,13 @@ def test_graph_mode_replays_after_a_worker_dies(client4, regression):
             errors.append(exc)
 
     def steps_seen(dask_scheduler):
-        found = [int(m.group(1)) for k in dask_scheduler.tasks if isinstance(k, str)
-                 for m in [re.search(r"^daskann-npt-\w+-a0-s(\d+)-", k)] if m]
+        found = [
+            int(m.group(1))
+            for k in dask_scheduler.tasks
+            if isinstance(k, str)
+            for m in [re.search(r"^daskann-npt-\w+-a0-s(\d+)-", k)]
+            if m
+        ]
         return max(found, default=-1)
 
     thread = threading.Thread(target=run)
@@ -354,8 +398,15 @@ def test_graph_mode_replays_after_a_worker_dies(client4, regression):
 
 # -- automatic grid and mode ---------------------------------------------------------------
 def test_cost_model_takes_one_worker_when_no_grid_pays_and_a_grid_when_blocks_are_big():
-    model = CostModel(flop_rate={1: 50e9, 2: 45e9, 4: 25e9}, gemm_overhead=2e-6, task_cost=2e-3,
-                      task_latency=6e-3, latency=5e-4, bandwidth=6e8, n_workers=4)
+    model = CostModel(
+        flop_rate={1: 50e9, 2: 45e9, 4: 25e9},
+        gemm_overhead=2e-6,
+        task_cost=2e-3,
+        task_latency=6e-3,
+        latency=5e-4,
+        bandwidth=6e8,
+        n_workers=4,
+    )
     shape, mode, table = choose_grid(model, (64, 128, 8), 64)
     assert shape == (1, 1) and mode == "resident" and table[0]["grid"] == "1x1"
     shape, mode, table = choose_grid(model, (4096, 4096, 4096), 4096)
@@ -388,10 +439,32 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
 
     address = client4.scheduler.address
     runner = CliRunner()
-    out = runner.invoke(train_command, ["--address", address, "--grid", "1x2", "--mode", "graph", "--steps", "6",
-                                        "--hidden", "8", "--n-samples", "200", "--n-features", "5",
-                                        "--n-outputs", "3", "--batch-size", "16", "--json",
-                                        "--output", str(tmp_path / "run")])
+    out = runner.invoke(
+        train_command,
+        [
+            "--address",
+            address,
+            "--grid",
+            "1x2",
+            "--mode",
+            "graph",
+            "--steps",
+            "6",
+            "--hidden",
+            "8",
+            "--n-samples",
+            "200",
+            "--n-features",
+            "5",
+            "--n-outputs",
+            "3",
+            "--batch-size",
+            "16",
+            "--json",
+            "--output",
+            str(tmp_path / "run"),
+        ],
+    )
     assert out.exit_code == 0, out.output
     summary = json.loads(out.output)
     assert summary["method"] == "npt" and summary["grid"] == "1x2" and summary["mode"] == "graph"
@@ -404,9 +477,28 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
     assert out.exit_code == 0, out.output
     assert "grid='auto' takes" in out.output and "2x2" in out.output and "1x1" in out.output
 
-    out = runner.invoke(bench_command, ["--address", address, "--quick", "--nets", "one-hidden", "--grids", "1x1,1x2",
-                                        "--modes", "graph,dask,auto", "--widths", "", "--large-width", "48",
-                                        "--large-batch", "32", "--output", str(tmp_path / "bench")])
+    out = runner.invoke(
+        bench_command,
+        [
+            "--address",
+            address,
+            "--quick",
+            "--nets",
+            "one-hidden",
+            "--grids",
+            "1x1,1x2",
+            "--modes",
+            "graph,dask,auto",
+            "--widths",
+            "",
+            "--large-width",
+            "48",
+            "--large-batch",
+            "32",
+            "--output",
+            str(tmp_path / "bench"),
+        ],
+    )
     assert out.exit_code == 0, out.output
     result = json.loads((tmp_path / "bench" / "bench-npt.json").read_text())
     modes = {r["mode"] for r in result["table"]}
@@ -420,9 +512,26 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
     table = store.load_history(tmp_path / "bench" / "bench-npt.zarr")
     assert table.sizes["row"] == len(result["table"])
     # without the peer in the run there is no graph/peer ratio to report, and no crash
-    out = runner.invoke(bench_command, ["--address", address, "--quick", "--nets", "", "--widths", "", "--modes",
-                                        "graph", "--large-width", "48", "--large-batch", "32",
-                                        "--output", str(tmp_path / "bench-graph")])
+    out = runner.invoke(
+        bench_command,
+        [
+            "--address",
+            address,
+            "--quick",
+            "--nets",
+            "",
+            "--widths",
+            "",
+            "--modes",
+            "graph",
+            "--large-width",
+            "48",
+            "--large-batch",
+            "32",
+            "--output",
+            str(tmp_path / "bench-graph"),
+        ],
+    )
     assert out.exit_code == 0, out.output
     assert "large_graph_vs_peer" not in json.loads((tmp_path / "bench-graph" / "bench-npt.json").read_text())["checks"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import json
 import math
 import os
@@ -60,11 +61,15 @@ def test_split_groups_and_parameter_counts():
     # hidden-to-hidden matrices shrink by k^2, input and output layers by k
     assert [layer["shrink"] for layer in counts["layers"]] == [2.0, 4.0, 4.0, 2.0]
     assert [layer["shrink"] for layer in split_network([40, 512, 512, 512, 10], 4).parameter_counts()["layers"]] == [
-        4.0, 16.0, 16.0, 4.0]
+        4.0,
+        16.0,
+        16.0,
+        4.0,
+    ]
 
     uneven = split_network([5, 7, 10, 3], 3)
     assert uneven.submodels == [(5, 3, 4, 3), (5, 2, 3, 3), (5, 2, 3, 3)]
-    for widths in zip(*[s[1:-1] for s in uneven.submodels]):
+    for widths in zip(*[s[1:-1] for s in uneven.submodels], strict=True):
         assert max(widths) - min(widths) <= 1
     assert uneven.parameter_counts()["submodels"] == [MLP(s).n_parameters for s in uneven.submodels]
     # the diagonal blocks tile the hidden layers exactly once
@@ -92,7 +97,7 @@ def test_merge_mean_and_sum_match_the_submodels_logits_exactly():
     assert np.array_equal(combine_logits(subs, X, combine="sum"), expected_sum)
     assert np.allclose(mean.biases[-1], np.mean([s.biases[-1] for s in subs], axis=0), rtol=0, atol=1e-15)
     # cross-group weights are zero without noise
-    for W, mask in zip(mean.weights, p.block_mask()):
+    for W, mask in zip(mean.weights, p.block_mask(), strict=True):
         assert np.all(W[~mask] == 0)
 
 
@@ -103,9 +108,9 @@ def test_merge_noise_is_bounded_seeded_and_fills_the_zero_blocks():
     a = merge_submodels(p, subs, noise=0.05, seed=7)
     b = merge_submodels(p, subs, noise=0.05, seed=7)
     c = merge_submodels(p, subs, noise=0.05, seed=8)
-    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params))
-    assert not all(np.array_equal(x, y) for x, y in zip(a.params, c.params))
-    for noisy, clean in zip(a.params, exact.params):
+    assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params, strict=True))
+    assert not all(np.array_equal(x, y) for x, y in zip(a.params, c.params, strict=True))
+    for noisy, clean in zip(a.params, exact.params, strict=True):
         assert np.max(np.abs(noisy - clean)) <= 0.05 * np.max(np.abs(clean)) + 1e-15
     assert np.all(a.weights[1][~p.block_mask()[1]] != 0)
 
@@ -162,15 +167,16 @@ def test_submodels_run_at_the_same_time_on_different_workers_and_match_serial(cl
     assert trainer.seeds_ == submodel_seeds(3, 2) and len(set(trainer.seeds_)) == 2
     for g in range(2):
         ref = _reference_submodel(digits, p, g, trainer.seeds_[g], 500)
-        assert all(np.array_equal(x, y) for x, y in zip(trainer.submodels_[g].params, ref.model_.params))
+        assert all(np.array_equal(x, y) for x, y in zip(trainer.submodels_[g].params, ref.model_.params, strict=True))
     # noise-free "mean" merge: the merged network is the sub-models' ensemble
     X = digits.X_val
     assert np.max(np.abs(trainer.merged_model_.forward(X) - combine_logits(trainer.submodels_, X))) <= 1e-12
     # fine-tuning is the serial trainer from the merged network, momentum reset
-    ref = SerialTrainer(hidden, **_settings()).fit(digits.X_train, digits.y_train, steps=30,
-                                                   validation_data=(X, digits.y_val), init_model=trainer.merged_model_)
-    assert all(np.array_equal(x, y) for x, y in zip(trainer.model_.params, ref.model_.params))
-    assert all(np.array_equal(x, y) for x, y in zip(trainer.velocity_, ref.velocity_))
+    ref = SerialTrainer(hidden, **_settings()).fit(
+        digits.X_train, digits.y_train, steps=30, validation_data=(X, digits.y_val), init_model=trainer.merged_model_
+    )
+    assert all(np.array_equal(x, y) for x, y in zip(trainer.model_.params, ref.model_.params, strict=True))
+    assert all(np.array_equal(x, y) for x, y in zip(trainer.velocity_, ref.velocity_, strict=True))
 
     h = trainer.history_
     phases = list(h["phase"].values)
@@ -189,10 +195,10 @@ def test_sequential_mode_runs_one_after_another_with_the_same_submodels(client2,
     with get_task_stream(client=client2) as ts:
         seq.fit(digits.X_train, digits.y_train, steps=10)
     spans = sorted(v[-1][:2] for v in _compute_intervals(ts.data, seq.run_prefix_).values())
-    assert len(spans) == 3 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert len(spans) == 3 and all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
     # independent of the order and the workers: bit-identical sub-models and result
-    for a, b in zip(par.submodels_ + [par.model_], seq.submodels_ + [seq.model_]):
-        assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params))
+    for a, b in zip(par.submodels_ + [par.model_], seq.submodels_ + [seq.model_], strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(a.params, b.params, strict=True))
 
 
 # -- bad input --------------------------------------------------------------------
@@ -276,8 +282,8 @@ def test_a_submodel_whose_worker_dies_is_rerun_with_the_same_result(client2, dig
     killed = _fit_with_killer(client2, trainer, digits, "partition-", steps=5)
     assert killed, "no sub-model task was seen running"
     ref = [_reference_submodel(digits, trainer.partition_, g, trainer.seeds_[g], 1000) for g in range(2)]
-    for sub, r in zip(trainer.submodels_, ref):
-        assert all(np.array_equal(x, y) for x, y in zip(sub.params, r.model_.params))
+    for sub, r in zip(trainer.submodels_, ref, strict=True):
+        assert all(np.array_equal(x, y) for x, y in zip(sub.params, r.model_.params, strict=True))
 
 
 def test_a_submodel_that_fails_for_good_is_named_and_the_others_are_kept(client2, digits, tmp_path):
@@ -292,7 +298,9 @@ def test_a_submodel_that_fails_for_good_is_named_and_the_others_are_kept(client2
     assert "DamagedStoreError" in str(info.value) and "[0] are kept" in str(info.value)
     assert set(info.value.failed) == {1}
     assert again.submodels_[1] is None
-    assert all(np.array_equal(x, y) for x, y in zip(again.submodels_[0].params, first.submodels_[0].params))
+    assert all(
+        np.array_equal(x, y) for x, y in zip(again.submodels_[0].params, first.submodels_[0].params, strict=True)
+    )
     # the scheduler's records: the failing task was sent to a worker 1 + retries times
     key = f"{again.run_prefix_}-submodel-1"
     story = client2.run_on_scheduler(lambda dask_scheduler: [s[1:3] for s in dask_scheduler.story(key)])
@@ -320,23 +328,48 @@ def test_resume_skips_finished_submodels_and_continues_fine_tuning(client2, digi
     kwargs = dict(**_settings(), k=2, noise=0.02, sub_steps=30, client=client2, checkpoint_every=10)
     PartitionTrainer((16, 16), **kwargs, checkpoint_dir=tmp_path / "a").fit(digits.X_train, digits.y_train, steps=20)
     resumed = PartitionTrainer((16, 16), **kwargs, checkpoint_dir=tmp_path / "a").fit(
-        digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a")
+        digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a"
+    )
     assert [r.resumed_from for r in resumed.submodel_results_] == [30, 30]
     straight = PartitionTrainer((16, 16), **kwargs).fit(digits.X_train, digits.y_train, steps=40)
     assert resumed.n_steps_ == 40
-    for x, y in zip(resumed.model_.params + resumed.velocity_, straight.model_.params + straight.velocity_):
+    for x, y in zip(
+        resumed.model_.params + resumed.velocity_, straight.model_.params + straight.velocity_, strict=True
+    ):
         assert np.array_equal(x, y)
     with pytest.raises(store.StoreError, match="other settings"):
         PartitionTrainer((16, 16), **{**kwargs, "noise": 0.0}).fit(
-            digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a")
+            digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a"
+        )
 
 
 # -- command line, benchmark, notebook ------------------------------------------------
 def test_train_partition_command(client2, tmp_path):
     out = tmp_path / "run"
-    args = ["--dataset", "digits", "--hidden", "32,32", "-k", "2", "--sub-steps", "30", "--steps", "20",
-            "--lr", "0.1", "--momentum", "0.9", "--merge-noise", "0", "--address", client2.scheduler.address,
-            "-o", str(out), "--json", "-q"]
+    args = [
+        "--dataset",
+        "digits",
+        "--hidden",
+        "32,32",
+        "-k",
+        "2",
+        "--sub-steps",
+        "30",
+        "--steps",
+        "20",
+        "--lr",
+        "0.1",
+        "--momentum",
+        "0.9",
+        "--merge-noise",
+        "0",
+        "--address",
+        client2.scheduler.address,
+        "-o",
+        str(out),
+        "--json",
+        "-q",
+    ]
     result = CliRunner().invoke(train_command, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
@@ -346,18 +379,44 @@ def test_train_partition_command(client2, tmp_path):
     assert store.load_checkpoint(out / "model.zarr").step == 20
     history = store.load_history(out / "history.zarr")
     assert set(history["phase"].values) == {"submodel", "merge", "finetune"}
-    for bad, message in ((["-k", "1"], "k=1 is not valid"), (["--merge-noise", "-1"], "noise=-1.0 is not valid"),
-                         (["--combine", "max"], "max")):
+    for bad, message in (
+        (["-k", "1"], "k=1 is not valid"),
+        (["--merge-noise", "-1"], "noise=-1.0 is not valid"),
+        (["--combine", "max"], "max"),
+    ):
         with no_tasks_submitted(client2):
-            result = CliRunner().invoke(train_command, ["--dataset", "digits", "--hidden", "32", *bad,
-                                                        "--address", client2.scheduler.address])
+            result = CliRunner().invoke(
+                train_command, ["--dataset", "digits", "--hidden", "32", *bad, "--address", client2.scheduler.address]
+            )
         assert result.exit_code != 0 and message in result.output, result.output
 
 
 def test_bench_partition_writes_report_and_plot(client2, tmp_path):
-    args = ["--dataset", "digits", "--hidden", "32,32", "-k", "2", "--seeds", "2", "--steps", "60", "--sub-steps", "30",
-            "--finetune-steps", "40", "--eval-every", "10", "--target", "0.8", "--address",
-            client2.scheduler.address, "-o", str(tmp_path), "-q"]
+    args = [
+        "--dataset",
+        "digits",
+        "--hidden",
+        "32,32",
+        "-k",
+        "2",
+        "--seeds",
+        "2",
+        "--steps",
+        "60",
+        "--sub-steps",
+        "30",
+        "--finetune-steps",
+        "40",
+        "--eval-every",
+        "10",
+        "--target",
+        "0.8",
+        "--address",
+        client2.scheduler.address,
+        "-o",
+        str(tmp_path),
+        "-q",
+    ]
     result = CliRunner().invoke(bench_command, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "parallel-2" in result.output and "sequential-2" in result.output and "BLAS" in result.output
@@ -389,18 +448,29 @@ def test_npt_sub_trainer(client2, digits):
         pytest.skip("daskann.npt has no NPTTrainer")
     with no_tasks_submitted(client2), pytest.raises(ValueError, match="mode='parallel'"):
         PartitionTrainer((16, 16), **_settings(), k=2, sub_trainer="npt", client=client2).fit(
-            digits.X_train, digits.y_train, steps=5)
-    trainer = PartitionTrainer((16, 16), **_settings(), k=2, noise=0.0, sub_steps=4, sub_trainer="npt",
-                               mode="sequential", npt_options={"grid": "1x2", "mode": "graph"}, client=client2)
+            digits.X_train, digits.y_train, steps=5
+        )
+    trainer = PartitionTrainer(
+        (16, 16),
+        **_settings(),
+        k=2,
+        noise=0.0,
+        sub_steps=4,
+        sub_trainer="npt",
+        mode="sequential",
+        npt_options={"grid": "1x2", "mode": "graph"},
+        client=client2,
+    )
     trainer.fit(digits.X_train, digits.y_train, steps=5)
     for g in range(2):
         ref = _reference_submodel(digits, trainer.partition_, g, trainer.seeds_[g], 4)
-        for x, y in zip(trainer.submodels_[g].params, ref.model_.params):
+        for x, y in zip(trainer.submodels_[g].params, ref.model_.params, strict=True):
             assert np.max(np.abs(x - y)) <= 1e-10
     assert [r.extra["grid"] for r in trainer.submodel_results_] == ["1x2", "1x2"]
     # fine-tuning on the grid too, from the merged network
-    ref = SerialTrainer((16, 16), **_settings()).fit(digits.X_train, digits.y_train, steps=5,
-                                                     init_model=trainer.merged_model_)
-    for x, y in zip(trainer.model_.params, ref.model_.params):
+    ref = SerialTrainer((16, 16), **_settings()).fit(
+        digits.X_train, digits.y_train, steps=5, init_model=trainer.merged_model_
+    )
+    for x, y in zip(trainer.model_.params, ref.model_.params, strict=True):
         assert np.max(np.abs(x - y)) <= 1e-10
     assert math.isfinite(trainer.history_["loss"].values[-1])

@@ -17,9 +17,30 @@ import pytest
 from daskann import SerialTrainer, load_checkpoint, store
 from daskann.data import load_dataset
 
-TRAIN = [sys.executable, "-m", "daskann", "train", "serial", "--dataset", "linear", "--n-samples", "2048",
-         "--hidden", "128,128", "--lr", "0.02", "--momentum", "0.9", "--batch-size", "64", "--steps", "600",
-         "--checkpoint-every", "50", "-q"]
+TRAIN = [
+    sys.executable,
+    "-m",
+    "daskann",
+    "train",
+    "serial",
+    "--dataset",
+    "linear",
+    "--n-samples",
+    "2048",
+    "--hidden",
+    "128,128",
+    "--lr",
+    "0.02",
+    "--momentum",
+    "0.9",
+    "--batch-size",
+    "64",
+    "--steps",
+    "600",
+    "--checkpoint-every",
+    "50",
+    "-q",
+]
 
 
 def _params(ckpt):
@@ -27,7 +48,7 @@ def _params(ckpt):
 
 
 def _equal(a, b):
-    return all(np.array_equal(x, y) for x, y in zip(a, b))
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +135,11 @@ def test_kill_during_checkpoint_write_keeps_the_previous_checkpoint(tmp_path):
     code = (
         "import os, signal\n"
         "from daskann import store\n"
-        "ck = store.load_checkpoint(%r)\n"
+        f"ck = store.load_checkpoint({str(tmp_path)!r})\n"
         "store.atomic_replace_dir = lambda tmp, target: os.kill(os.getpid(), signal.SIGKILL)\n"
         "ck.step = 15\n"
-        "store.save_checkpoint(store.checkpoint_path(%r, 15), ck)\n"
-    ) % (str(tmp_path), str(tmp_path))
+        f"store.save_checkpoint(store.checkpoint_path({str(tmp_path)!r}, 15), ck)\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], timeout=120)
     assert result.returncode == -signal.SIGKILL
     assert store.find_checkpoint(tmp_path).name == "step-00000010.zarr"

@@ -8,10 +8,12 @@ import sys
 import numpy as np
 import pytest
 import xarray as xr
+from reference_mlp import rows_of_step
 from reference_mlp import train as reference_train
 
 from daskann import MLP, SerialTrainer, TrainingDiverged, load_checkpoint
-from daskann.data import make_linear
+from daskann.data import BatchOrder, coarse_indices, make_linear
+from daskann.store import StoreError
 
 
 def _relative_error(a, b):
@@ -38,11 +40,25 @@ def test_matches_independent_training_to_1e12(activation, loss, regression, clas
     kwargs = {"activation": activation, "loss": loss, "lr": 0.05, "momentum": 0.9, "batch_size": 16, "seed": 7}
     trainer = SerialTrainer((10, 8), **kwargs).fit(X, y, steps=50)
     Ws, bs, vW, vb, losses = reference_train(
-        X, y, (6, 10, 8, n_out), activation=activation, loss=loss, lr=0.05, momentum=0.9,
-        batch_size=16, steps=50, seed=7,
+        X,
+        y,
+        (6, 10, 8, n_out),
+        activation=activation,
+        loss=loss,
+        lr=0.05,
+        momentum=0.9,
+        batch_size=16,
+        steps=50,
+        seed=7,
     )
-    errors = [_relative_error(a, b) for a, b in zip(trainer.model_.params, [p for wb in zip(Ws, bs) for p in wb])]
-    errors += [_relative_error(a, b) for a, b in zip(trainer.velocity_, [p for wb in zip(vW, vb) for p in wb])]
+    errors = [
+        _relative_error(a, b)
+        for a, b in zip(trainer.model_.params, [p for wb in zip(Ws, bs, strict=True) for p in wb], strict=True)
+    ]
+    errors += [
+        _relative_error(a, b)
+        for a, b in zip(trainer.velocity_, [p for wb in zip(vW, vb, strict=True) for p in wb], strict=True)
+    ]
     assert max(errors) < 1e-12, errors
     np.testing.assert_allclose(trainer.history_["loss"].values, losses, rtol=1e-12)
 
@@ -67,7 +83,7 @@ def test_fit_is_deterministic_and_partial_fit_continues(regression):
     straight = SerialTrainer((8,), momentum=0.5, batch_size=16).fit(X, y, steps=30)
     again = SerialTrainer((8,), momentum=0.5, batch_size=16).fit(X, y, steps=30)
     split = SerialTrainer((8,), momentum=0.5, batch_size=16).fit(X, y, steps=12).partial_fit(steps=18)
-    for a, b, c in zip(straight.model_.params, again.model_.params, split.model_.params):
+    for a, b, c in zip(straight.model_.params, again.model_.params, split.model_.params, strict=True):
         assert np.array_equal(a, b) and np.array_equal(a, c)
     assert split.history_.sizes["step"] == 30
 
@@ -83,9 +99,9 @@ def test_init_model_is_used_and_not_modified(regression):
     start = MLP([6, 8, 3], seed=11)
     before = [p.copy() for p in start.params]
     trainer = SerialTrainer((8,), batch_size=16, seed=11).fit(X, y, steps=5, init_model=start)
-    assert all(np.array_equal(a, b) for a, b in zip(start.params, before))
+    assert all(np.array_equal(a, b) for a, b in zip(start.params, before, strict=True))
     reference = SerialTrainer((8,), batch_size=16, seed=11).fit(X, y, steps=5)
-    assert all(np.array_equal(a, b) for a, b in zip(trainer.model_.params, reference.model_.params))
+    assert all(np.array_equal(a, b) for a, b in zip(trainer.model_.params, reference.model_.params, strict=True))
 
 
 def test_float32_training(regression):
@@ -110,7 +126,7 @@ def test_scikit_learn_parameter_protocol():
     assert params["hidden_sizes"] == (8, 4) and params["lr"] == 0.1 and "checkpoint_dir" in params
     assert trainer.set_params(momentum=0.5) is trainer and trainer.momentum == 0.5
     assert "lr=0.1" in repr(trainer) and "momentum=0.5" in repr(trainer)
-    with pytest.raises(ValueError, match="parameter name"):
+    with pytest.raises(ValueError, match="Invalid parameter 'learning_rate'"):
         trainer.set_params(learning_rate=1)
 
 
@@ -133,7 +149,7 @@ t.save({str(tmp_path / "final.zarr")!r})
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     resumed = load_checkpoint(tmp_path / "final.zarr")
     assert resumed.step == 40
-    for a, b in zip(resumed.model.params + resumed.velocity, straight.model_.params + straight.velocity_):
+    for a, b in zip(resumed.model.params + resumed.velocity, straight.model_.params + straight.velocity_, strict=True):
         assert np.array_equal(a, b)
 
 
@@ -187,9 +203,13 @@ def _bad_cases():
         ({}, {"steps": 2.5}, TypeError, "steps="),
         ({"batch_size": 0}, {}, ValueError, "batch_size="),
         ({"batch_size": 21}, {}, ValueError, "batch_size=.*at most the number of samples"),
-        ({"activation": "tanh"}, {}, ValueError, "activation="),
-        ({"loss": "hinge"}, {}, ValueError, "loss="),
-        ({"output": "sigmoid"}, {}, ValueError, "output="),
+        ({"activation": "swish"}, {}, ValueError, "activation='swish'.*'sigmoid', 'tanh'"),
+        ({"loss": "hinge"}, {}, ValueError, "loss='hinge'.*'mse', 'cross_entropy', 'sse'"),
+        ({"output": "relu"}, {}, ValueError, "output='relu'.*'softmax', 'sigmoid', 'tanh'"),
+        ({"bias": "no"}, {}, TypeError, "bias='no'"),
+        ({"shuffle": "serialized"}, {}, ValueError, "batch_size=4 is not valid: expected None with shuffle='serial"),
+        ({"shuffle": "random"}, {}, ValueError, "shuffle='random'.*'serialized'"),
+        ({"batch_size": None, "shuffle": "serialized"}, {"steps": 0}, ValueError, "steps="),
         ({"dtype": "int8"}, {}, TypeError, "dtype="),
         ({"hidden_sizes": (8, 0)}, {}, ValueError, r"hidden_sizes\[1\]="),
         ({}, {"validation_data": (X[:, :3], y)}, ValueError, r"validation_data\[0\]="),
@@ -202,3 +222,198 @@ def test_bad_input_is_refused_with_the_parameter_named(settings, fit_args, error
     args = {"X": X, "y": np.ones((20, 2)), "steps": 5, **fit_args}
     with pytest.raises(error, match=pattern):
         SerialTrainer(**{"hidden_sizes": (8,), "batch_size": 4, **settings}).fit(args.pop("X"), args.pop("y"), **args)
+
+
+# -- sigmoid and tanh, no biases, "sse", full-batch and serialized orders ----------------------------
+
+#: (activation, output, loss, bias, batch_size, shuffle, lr)
+_CLASSIC_RUNS = [
+    ("sigmoid", "sigmoid", "sse", False, None, True, 0.02),
+    ("tanh", "tanh", "sse", False, None, "serialized", 0.02),
+    ("sigmoid", "sigmoid", "sse", False, None, "serialized", 0.05),
+    ("tanh", "linear", "sse", False, 16, True, 0.005),
+    ("sigmoid", "tanh", "mse", True, None, True, 0.2),
+    ("tanh", "sigmoid", "mse", True, None, "serialized", 0.2),
+]
+
+
+def _squashed_targets(y, output):
+    return np.tanh(y) if output == "tanh" else 1 / (1 + np.exp(-y)) if output == "sigmoid" else y
+
+
+@pytest.mark.parametrize(("activation", "output", "loss", "bias", "batch_size", "shuffle", "lr"), _CLASSIC_RUNS)
+def test_classic_training_matches_independent_training(
+    activation, output, loss, bias, batch_size, shuffle, lr, regression
+):
+    X, y = regression
+    y = _squashed_targets(y, output)
+    kwargs = {"activation": activation, "output": output, "loss": loss, "lr": lr, "momentum": 0.9, "seed": 7}
+    trainer = SerialTrainer((10, 8), bias=bias, batch_size=batch_size, shuffle=shuffle, **kwargs).fit(X, y, steps=50)
+    Ws, bs, vW, vb, losses = reference_train(
+        X, y, (6, 10, 8, 3), bias=bias, batch_size=batch_size, shuffle=shuffle, steps=50, **kwargs
+    )
+    assert len(trainer.model_.params) == (6 if bias else 3)
+    interleave = trainer.model_.interleave
+    pairs = [*zip(trainer.model_.params, interleave(Ws, bs), strict=True)]
+    pairs += zip(trainer.velocity_, interleave(vW, vb), strict=True)
+    errors = [_relative_error(a, b) for a, b in pairs]
+    assert max(errors) < 1e-12, errors
+    np.testing.assert_allclose(trainer.history_["loss"].values, losses, rtol=1e-12)
+    # and it trains: the loss over all rows falls
+    start = MLP((6, 10, 8, 3), activation=activation, output=output, bias=bias, seed=7)
+    assert trainer.model_.loss(X, y, loss) < start.loss(X, y, loss)
+
+
+def _torch_steps(n, Xt, yt, layers, optimizer, hidden, output, loss, batch_size, shuffle, seed, steps):
+    import torch
+
+    for step in range(steps):
+        rows = torch.as_tensor(np.asarray(rows_of_step(step, n, batch_size, seed, shuffle)))
+        a = Xt[rows]
+        for i, layer in enumerate(layers):
+            a = (hidden if i < len(layers) - 1 else output)(layer(a))
+        diff = a - yt[rows]
+        value = 0.5 * (diff * diff).sum() if loss == "sse" else (diff * diff).mean()
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+
+
+def _torch_training(X, y, model, *, activation, output, loss, lr, momentum, batch_size, shuffle, seed, steps):
+    """The same training in PyTorch (float64), from ``model``'s initial weights."""
+    torch = pytest.importorskip("torch")
+    acts = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "linear": lambda t: t}
+    layers = []
+    for i, W in enumerate(model.weights):
+        layer = torch.nn.Linear(*W.shape, bias=model.bias, dtype=torch.float64)
+        with torch.no_grad():
+            layer.weight.copy_(torch.from_numpy(W.T.copy()))
+            if model.bias:
+                layer.bias.copy_(torch.from_numpy(model.biases[i]))
+        layers.append(layer)
+    params = [p for layer in layers for p in layer.parameters()]
+    optimizer = torch.optim.SGD(params, lr=lr, momentum=momentum)
+    Xt, yt = torch.from_numpy(X), torch.from_numpy(y)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny products: a thread pool only adds contention on a shared machine
+    try:
+        _torch_steps(
+            X.shape[0],
+            Xt,
+            yt,
+            layers,
+            optimizer,
+            acts[activation],
+            acts[output],
+            loss,
+            batch_size,
+            shuffle,
+            seed,
+            steps,
+        )
+    finally:
+        torch.set_num_threads(threads)
+    weights = [layer.weight.detach().numpy().T for layer in layers]
+    biases = [layer.bias.detach().numpy() for layer in layers] if model.bias else []
+    # torch keeps W as (n_out, n_in): transpose weights and their momentum back to daskann's layout
+    velocities = [optimizer.state[p]["momentum_buffer"].numpy() for p in params]
+    velocities = [v.T if v.ndim == 2 else v for v in velocities]
+    return weights, biases, velocities
+
+
+@pytest.mark.parametrize(("activation", "output", "loss", "bias", "batch_size", "shuffle", "lr"), _CLASSIC_RUNS)
+def test_classic_training_equals_pytorch(activation, output, loss, bias, batch_size, shuffle, lr, regression):
+    pytest.importorskip("torch", reason="PyTorch is an optional cross-check; the numpy reference runs without it")
+    X, y = regression
+    y = _squashed_targets(y, output)
+    kwargs = {
+        "activation": activation,
+        "output": output,
+        "loss": loss,
+        "lr": lr,
+        "momentum": 0.9,
+        "seed": 7,
+        "batch_size": batch_size,
+        "shuffle": shuffle,
+    }
+    trainer = SerialTrainer((10, 8), bias=bias, **kwargs).fit(X, y, steps=50)
+    start = MLP((6, 10, 8, 3), bias=bias, seed=7)
+    weights, biases, velocities = _torch_training(X, y, start, steps=50, **kwargs)
+    model = trainer.model_
+    worst = max(
+        float(np.max(np.abs(a - b)))
+        for a, b in zip(model.params + trainer.velocity_, model.interleave(weights, biases) + velocities, strict=True)
+    )
+    assert worst < 1e-10
+
+
+def test_full_batch_and_serialized_orders(regression):
+    X, y = regression
+    full = SerialTrainer((4,), batch_size=None).fit(X, y, epochs=3)
+    assert full.n_steps_ == 3 and full.batch_order_.full_batch
+    assert np.array_equal(full.batch_order_.indices(2), np.arange(96))
+    serialized = SerialTrainer((4,), batch_size=None, shuffle="serialized", momentum=0.9).fit(X, y, steps=100)
+    assert serialized.batch_order_.steps_per_epoch == 96
+    assert np.array_equal(serialized.batch_order_.indices(100), [4])
+    # the serialized order is the in-order walk one row at a time
+    walk = SerialTrainer((4,), batch_size=1, shuffle=False, momentum=0.9).fit(X, y, steps=100)
+    assert all(np.array_equal(a, b) for a, b in zip(serialized.model_.params, walk.model_.params, strict=True))
+
+
+def test_batch_order_state_and_checks():
+    for order in (BatchOrder(10, None), BatchOrder(10, None, shuffle="serialized"), BatchOrder(10, 3, shuffle=False)):
+        assert BatchOrder.from_state(order.get_state()) == order
+    assert BatchOrder(10, None, shuffle="serialized").get_state()["shuffle"] == "serialized"
+    assert "shuffle='serialized'" in repr(BatchOrder(10, None, shuffle="serialized"))
+    assert np.array_equal(BatchOrder(5, None, seed=3, shuffle=True).indices(4), np.arange(5))
+    with pytest.raises(ValueError, match="batch_size=3 is not valid: expected None with shuffle='serialized'"):
+        BatchOrder(10, 3, shuffle="serialized")
+    with pytest.raises(ValueError, match="shuffle='Serialized'"):
+        BatchOrder(10, None, shuffle="Serialized")
+
+
+def test_coarse_points_use_their_own_index():
+    order = BatchOrder(5, None, shuffle="serialized")
+    # the paper's rule: point i of level l uses row i mod K, not m**l * i mod K
+    assert [int(coarse_indices(order, i, level=3)[0]) for i in range(7)] == [0, 1, 2, 3, 4, 0, 1]
+    assert [int(coarse_indices(order, i, level=2, cfactor=2, rule="fine")[0]) for i in range(4)] == [0, 4, 3, 2]
+    minibatch = BatchOrder(12, 4, seed=1)
+    assert np.array_equal(coarse_indices(minibatch, 2, level=1), minibatch.indices(2))
+    assert np.array_equal(coarse_indices(minibatch, 2, level=1, cfactor=4, rule="fine"), minibatch.indices(8))
+    assert np.array_equal(coarse_indices(BatchOrder(6, None), 9, level=4), np.arange(6))
+    with pytest.raises(ValueError, match="rule='nearest'"):
+        coarse_indices(order, 1, level=1, rule="nearest")
+    with pytest.raises(ValueError, match="level=-1"):
+        coarse_indices(order, 1, level=-1)
+
+
+def test_bias_free_checkpoints_resume_and_refuse_biases(tmp_path, regression):
+    X, y = regression
+    y = _squashed_targets(y, "sigmoid")
+    kwargs = {
+        "activation": "sigmoid",
+        "output": "sigmoid",
+        "loss": "sse",
+        "lr": 0.5,
+        "momentum": 0.9,
+        "batch_size": None,
+        "shuffle": "serialized",
+        "bias": False,
+    }
+    straight = SerialTrainer((8,), **kwargs).fit(X, y, steps=30)
+    run = tmp_path / "run"
+    SerialTrainer((8,), checkpoint_dir=run, **kwargs).fit(X, y, steps=12)
+    ckpt = load_checkpoint(run)
+    assert not ckpt.model.bias and ckpt.model.biases == [] and len(ckpt.velocity) == 2
+    assert not list(run.rglob("biases"))
+    resumed = SerialTrainer((8,), **kwargs).fit(X, y, steps=30, resume=run)
+    pairs = zip(resumed.model_.params + resumed.velocity_, straight.model_.params + straight.velocity_, strict=True)
+    assert all(np.array_equal(a, b) for a, b in pairs)
+    with pytest.raises(StoreError, match="does not match.*bias=True but the checkpoint's model has none"):
+        SerialTrainer((8,), **{**kwargs, "bias": True}).fit(X, y, steps=30, resume=run)
+    biased = tmp_path / "biased"
+    SerialTrainer((8,), checkpoint_dir=biased, **{**kwargs, "bias": True}).fit(X, y, steps=5)
+    with pytest.raises(StoreError, match="bias=False but the checkpoint's model has biases"):
+        SerialTrainer((8,), **kwargs).fit(X, y, steps=30, resume=biased)
+    with pytest.raises(ValueError, match="init_model=.*bias=False"):
+        SerialTrainer((8,), **kwargs).fit(X, y, steps=3, init_model=MLP([6, 8, 3]))

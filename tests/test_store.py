@@ -17,7 +17,10 @@ def _checkpoint(dtype="float64"):
     model = MLP([5, 7, 3], activation="leaky_relu", dtype=dtype, seed=2)
     velocity = [np.random.default_rng(i).standard_normal(p.shape).astype(dtype) for i, p in enumerate(model.params)]
     return store.Checkpoint(
-        model=model, velocity=velocity, step=17, batch_order={"n_samples": 10, "batch_size": 2, "seed": 0, "shuffle": True},
+        model=model,
+        velocity=velocity,
+        step=17,
+        batch_order={"n_samples": 10, "batch_size": 2, "seed": 0, "shuffle": True},
         training={"method": "serial", "loss": "mse", "lr": 0.1, "momentum": 0.9},
     )
 
@@ -33,7 +36,7 @@ def test_checkpoint_round_trip_is_bit_exact(tmp_path, dtype):
     loaded = store.load_checkpoint(tmp_path / "c.zarr")
     assert loaded.step == 17 and loaded.training == ckpt.training and loaded.batch_order == ckpt.batch_order
     assert loaded.model.get_config() == ckpt.model.get_config()
-    for a, b in zip(loaded.model.params + loaded.velocity, ckpt.model.params + ckpt.velocity):
+    for a, b in zip(loaded.model.params + loaded.velocity, ckpt.model.params + ckpt.velocity, strict=True):
         assert a.dtype == b.dtype and np.array_equal(a, b)
     assert not list(tmp_path.glob(".*tmp-*")), "temporary store left behind"
 
@@ -99,7 +102,7 @@ def test_run_folder_resume_skips_a_damaged_newest_checkpoint(tmp_path):
     with pytest.warns(RuntimeWarning):
         resumed = SerialTrainer((7,), batch_size=8).fit(X, y, steps=6, resume=tmp_path)
     straight = SerialTrainer((7,), batch_size=8).fit(X, y, steps=6)
-    assert all(np.array_equal(a, b) for a, b in zip(resumed.model_.params, straight.model_.params))
+    assert all(np.array_equal(a, b) for a, b in zip(resumed.model_.params, straight.model_.params, strict=True))
 
 
 def test_history_round_trip_and_damage(tmp_path):
@@ -174,10 +177,7 @@ def test_a_run_folder_being_written_is_refused(tmp_path):
         import subprocess
         import sys
 
-        code = (
-            "from daskann import store\n"
-            f"store.RunLock({str(tmp_path / 'run')!r}).acquire()\n"
-        )
+        code = f"from daskann import store\nstore.RunLock({str(tmp_path / 'run')!r}).acquire()\n"
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert result.returncode != 0 and "being written by another run" in result.stderr
     # released: training can take it
@@ -343,8 +343,10 @@ def test_a_disk_that_fills_up_keeps_the_earlier_checkpoints_and_the_run_resumes(
     import zarr.storage
 
     X, y = make_linear(64, 5, 3, seed=0)
-    make = lambda folder: SerialTrainer((4,), batch_size=8, momentum=0.9, checkpoint_dir=folder,  # noqa: E731
-                                        checkpoint_every=2)
+
+    def make(folder):
+        return SerialTrainer((4,), batch_size=8, momentum=0.9, checkpoint_dir=folder, checkpoint_every=2)
+
     clean = make(tmp_path / "clean").fit(X, y, steps=6)
     real_set = zarr.storage.LocalStore.set
 
@@ -376,7 +378,7 @@ def test_racing_claims_on_a_run_folder_leave_one_owner(tmp_path):
         barrier = threading.Barrier(8)
         owners, refused = [], []
 
-        def claim():
+        def claim(barrier=barrier, owners=owners, refused=refused):
             lock = store.RunLock(folder)
             barrier.wait()
             try:

@@ -5,7 +5,7 @@ dask arrays. Nothing here touches the network: MNIST and CIFAR-10 are read
 from local folders, MNIST-1D is generated, the digits ship with scikit-learn.
 """
 
-from daskann.data._batches import BatchOrder
+from daskann.data._batches import SERIALIZED, BatchOrder, coarse_indices
 from daskann.data._bundled import load_digits
 from daskann.data._cifar import load_cifar10
 from daskann.data._datasets import DATASETS, Dataset, load_dataset
@@ -16,9 +16,11 @@ from daskann.data._synthetic import make_linear
 
 __all__ = [
     "DATASETS",
+    "SERIALIZED",
     "BatchOrder",
     "Dataset",
     "as_dask",
+    "coarse_indices",
     "load_cifar10",
     "load_dataset",
     "load_digits",

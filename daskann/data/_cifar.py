@@ -16,6 +16,7 @@ import numpy as np
 
 from daskann._validation import check_choice, check_float_dtype, invalid
 from daskann.data._paths import check_folder
+from daskann.exceptions import DaskannError
 
 KINDS = ("train", "test")
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -25,7 +26,7 @@ N_CLASSES = 10
 SUBFOLDER = "cifar-10-batches-py"
 
 
-class _Refused(pickle.UnpicklingError):
+class _Refused(DaskannError, pickle.UnpicklingError):
     """A batch named something outside the allowed globals (told apart from corrupt data)."""
 
 

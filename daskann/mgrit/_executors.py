@@ -12,10 +12,8 @@ from concurrent.futures import CancelledError
 import dask
 from distributed import Client
 
+from daskann import config
 from daskann._validation import invalid
-
-#: attempts of an iteration whose scattered context was lost with the workers holding it
-_CONTEXT_ATTEMPTS = 3
 
 
 class InProcessExecutor:
@@ -69,7 +67,7 @@ class DaskExecutor:
     def run(self, tasks) -> dict:
         keys = [t.key for t in tasks]
         if self.name == "distributed":
-            for attempt in range(_CONTEXT_ATTEMPTS):
+            for attempt in range(attempts := config.count("mgrit.context-attempts")):
                 try:
                     values = self._run_distributed(tasks, attempt)
                     break
@@ -78,8 +76,9 @@ class DaskExecutor:
                     # recomputed): scatter it again and rerun the iteration, whose tasks are idempotent
                     # (the context future may not know yet that it is lost when its dependants are told)
                     lost = self._context.status != "finished" or any(
-                        reason in str(exc) for reason in ("lost dependencies", "already forgotten"))
-                    if not lost or attempt + 1 == _CONTEXT_ATTEMPTS:
+                        reason in str(exc) for reason in ("lost dependencies", "already forgotten")
+                    )
+                    if not lost or attempt + 1 == attempts:
                         raise
                     self._context = self._broadcast()
         else:
@@ -92,13 +91,14 @@ class DaskExecutor:
 
     def _broadcast(self):
         """Scatter the context to every worker, again if a worker died during the broadcast."""
-        for attempt in range(_CONTEXT_ATTEMPTS):
+        for attempt in range(attempts := config.count("mgrit.context-attempts")):
             try:
                 return self.scheduler.scatter(self._raw_context, broadcast=True, hash=False)
             except (KeyError, OSError) as exc:  # the scheduler's replication lost a worker it was sending to
-                if attempt + 1 == _CONTEXT_ATTEMPTS:
-                    raise RuntimeError(f"broadcasting the MGRIT context failed {_CONTEXT_ATTEMPTS} times as "
-                                       f"workers left the cluster ({exc!r})") from exc
+                if attempt + 1 == attempts:
+                    raise RuntimeError(
+                        f"broadcasting the MGRIT context failed {attempts} times as workers left the cluster ({exc!r})"
+                    ) from exc
                 time.sleep(1.0)
 
     def _run_distributed(self, tasks, attempt: int) -> list:

@@ -38,11 +38,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from daskann.exceptions import DaskannError
+
 SLOTS = 4
 
 
-class StepFailed(Exception):
-    """A propagated state was not finite."""
+class StepFailed(DaskannError):
+    """A propagated state was not finite (caught inside the task and reported as a result)."""
 
     def __init__(self, level: int, step: int, what: str):
         self.level, self.step, self.what = level, step, what
@@ -171,8 +173,10 @@ def _cvalues(store, ctx: Context, spec: SweepSpec, first: int, last: int) -> np.
         values = store.read(f"u{level + 1}", slice(lo - 1, last))
     if spec.correct:
         # FAS correction at the C-points: u_l += u_{l+1} - v_{l+1}
-        values = values + (store.read(f"u{level + 1}", slice(lo - 1, last))
-                           - store.read(f"v{level + 1}", (spec.gen_next, slice(lo - 1, last))))
+        values = values + (
+            store.read(f"u{level + 1}", slice(lo - 1, last))
+            - store.read(f"v{level + 1}", (spec.gen_next, slice(lo - 1, last)))
+        )
         bad = ~np.isfinite(values).all(axis=1)
         if bad.any():
             q = lo + int(np.argmax(bad))
@@ -215,8 +219,13 @@ def run_sweep(spec: SweepSpec, store, ctx: Context, *deps) -> dict:
         return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what}
     for name, index, value in writes:
         timed.write(name, index, value)
-    return {"ok": True, "residuals": residuals, "last": last, "seconds": time.perf_counter() - t0,
-            "io_seconds": timed.seconds}
+    return {
+        "ok": True,
+        "residuals": residuals,
+        "last": last,
+        "seconds": time.perf_counter() - t0,
+        "io_seconds": timed.seconds,
+    }
 
 
 def _sweep_block(spec: SweepSpec, store, ctx: Context):
@@ -300,5 +309,10 @@ def run_coarse(spec: CoarseSpec, store, ctx: Context, *deps) -> dict:
     except StepFailed as exc:
         return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what}
     store.write(f"u{level}", slice(0, n), out)
-    return {"ok": True, "residuals": [], "last": out[-1].copy(), "seconds": time.perf_counter() - t0,
-            "io_seconds": store.seconds}
+    return {
+        "ok": True,
+        "residuals": [],
+        "last": out[-1].copy(),
+        "seconds": time.perf_counter() - t0,
+        "io_seconds": store.seconds,
+    }

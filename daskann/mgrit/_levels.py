@@ -67,10 +67,7 @@ class Hierarchy:
         return point * self.span(level)
 
     def describe(self) -> list[dict]:
-        return [
-            {"level": lvl, "points": self.n_points(lvl), "span": self.span(lvl)}
-            for lvl in range(self.n_levels)
-        ]
+        return [{"level": lvl, "points": self.n_points(lvl), "span": self.span(lvl)} for lvl in range(self.n_levels)]
 
 
 def check_hierarchy(n_steps, levels, cfactor, *, min_coarse: int = 1) -> Hierarchy:

@@ -150,8 +150,16 @@ class Planner:
         deps = self._tracker.add(key, reads, writes)
         self._tasks.append(Task(key, func, spec, deps, cost, level, final))
 
-    def sweep(self, level: int, mode: str, *, restrict: bool = False, fuse_c: bool = False,
-              store_u: bool | None = None, final: bool = False) -> int | None:
+    def sweep(
+        self,
+        level: int,
+        mode: str,
+        *,
+        restrict: bool = False,
+        fuse_c: bool = False,
+        store_u: bool | None = None,
+        final: bool = False,
+    ) -> int | None:
         """Emit one relaxation sweep over every interval of ``level``."""
         h = self.h
         source = self.source[level]
@@ -194,9 +202,22 @@ class Planner:
             if store_u:
                 writes.append(("u", level, b))
             reads = list(dict.fromkeys(reads))
-            spec = SweepSpec(level=level, q0=q0, q1=q1, mode=mode, source=source, dst=dst, correct=correct,
-                             rhs=rhs, store_u=store_u, restrict=restrict, fuse_c=fuse, weight=weight, gen=gen,
-                             gen_next=gen_next)
+            spec = SweepSpec(
+                level=level,
+                q0=q0,
+                q1=q1,
+                mode=mode,
+                source=source,
+                dst=dst,
+                correct=correct,
+                rhs=rhs,
+                store_u=store_u,
+                restrict=restrict,
+                fuse_c=fuse,
+                weight=weight,
+                gen=gen,
+                gen_next=gen_next,
+            )
             self._emit(run_sweep, spec, reads, writes, cost, level, final, f"-{mode}-q{q0}")
         keys = {t.key for t in self._tasks[first:]}
         if any(d in keys for t in self._tasks[first:] for d in t.deps):
@@ -217,8 +238,16 @@ class Planner:
         n = self.h.n_points(level)
         gen = self.gen[level]
         reads = list(dict.fromkeys(self._vg_chunk("g", level, gen, r) for r in range(n))) if rhs else []
-        self._emit(run_coarse, CoarseSpec(level=level, rhs=rhs, gen=gen), reads, [("u", level, 0)],
-                   n * self.cost(level), level, final=(level == 0), label="-coarse")
+        self._emit(
+            run_coarse,
+            CoarseSpec(level=level, rhs=rhs, gen=gen),
+            reads,
+            [("u", level, 0)],
+            n * self.cost(level),
+            level,
+            final=(level == 0),
+            label="-coarse",
+        )
 
     def cycle(self, level: int, kind: str) -> None:
         """V- or F-cycle starting on ``level >= 1`` (pymgrit ``iteration``)."""
@@ -273,8 +302,7 @@ class Planner:
             self.sweep(0, "R", restrict=True)
         self.cycle(1, self.opt["cycle_type"])
         self.pending[0] = True
-        fused = self.sweep(0, "R", restrict=(cf0 == 0), fuse_c=(cf0 > 0), store_u=self.opt["store_fine"],
-                           final=True)
+        fused = self.sweep(0, "R", restrict=(cf0 == 0), fuse_c=(cf0 > 0), store_u=self.opt["store_fine"], final=True)
         self.committed = self.source[0][1]
         self.restricted = cf0 == 0
         self.prerelaxed = fused

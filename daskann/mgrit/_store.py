@@ -22,7 +22,7 @@ import zarr
 from zarr.codecs import Crc32cCodec
 
 from daskann.mgrit._kernels import SLOTS
-from daskann.store import VERIFIERS, DamagedStoreError, StoreError, check_free_space, temporary_sibling
+from daskann.store import DamagedStoreError, StoreError, check_free_space, register_verifier, temporary_sibling
 
 KIND = "mgrit-trajectory"
 FORMAT_VERSION = 1
@@ -130,8 +130,10 @@ def read_meta(path) -> dict | None:
     if not isinstance(meta, dict) or meta.get("kind") != KIND:
         raise StoreError(f"store={str(path)!r} is not valid: the folder is not an MGRIT trajectory store")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise StoreError(f"store={str(path)!r} has format_version={meta.get('format_version')!r}; "
-                         f"this daskann reads version {FORMAT_VERSION}")
+        raise StoreError(
+            f"store={str(path)!r} has format_version={meta.get('format_version')!r}; "
+            f"this daskann reads version {FORMAT_VERSION}"
+        )
     return meta
 
 
@@ -153,11 +155,16 @@ def check_same_run(path, meta: dict, run_id: str, config: dict) -> None:
             "choose another path, or pass that run's run_id (and configuration) to continue it"
         )
     found = meta.get("config", {})
-    diffs = [f"{k}: {found.get(k)!r} != {config.get(k)!r}" for k in sorted(set(found) | set(config))
-             if found.get(k) != config.get(k)]
+    diffs = [
+        f"{k}: {found.get(k)!r} != {config.get(k)!r}"
+        for k in sorted(set(found) | set(config))
+        if found.get(k) != config.get(k)
+    ]
     if diffs:
-        raise StoreError(f"store={str(path)!r} is not valid: run {run_id!r} was started with another "
-                         "configuration (" + "; ".join(diffs) + ")")
+        raise StoreError(
+            f"store={str(path)!r} is not valid: run {run_id!r} was started with another "
+            "configuration (" + "; ".join(diffs) + ")"
+        )
 
 
 def create_store(path, *, run_id: str, config: dict, specs: dict, dtype) -> ZarrTrajectory:
@@ -169,12 +176,21 @@ def create_store(path, *, run_id: str, config: dict, specs: dict, dtype) -> Zarr
     path.mkdir(parents=True, exist_ok=True)
     group = zarr.open_group(str(path), mode="w", zarr_format=3)
     for name, (shape, chunks) in specs.items():
-        group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, compressors=[Crc32cCodec()],
-                           fill_value=0.0)
+        group.create_array(name, shape=shape, chunks=chunks, dtype=dtype, compressors=[Crc32cCodec()], fill_value=0.0)
     # the manifest: every array the run needs, so a scan can tell a missing one from an empty one
     manifest = {name: {"shape": list(shape), "chunks": list(chunks)} for name, (shape, chunks) in specs.items()}
-    group.attrs.update({"daskann": {"kind": KIND, "format_version": FORMAT_VERSION, "run_id": run_id,
-                                    "config": config, "dtype": np.dtype(dtype).str, "arrays": manifest}})
+    group.attrs.update(
+        {
+            "daskann": {
+                "kind": KIND,
+                "format_version": FORMAT_VERSION,
+                "run_id": run_id,
+                "config": config,
+                "dtype": np.dtype(dtype).str,
+                "arrays": manifest,
+            }
+        }
+    )
     handle = ZarrTrajectory(path, run_id)
     handle.write_progress({"iteration": 0, "status": "new"})
     return handle
@@ -205,8 +221,10 @@ def verify_store(path) -> dict:
         except KeyError:
             raise DamagedStoreError(f"store={str(path)!r}: array {name!r} is missing") from None
         if list(array.shape) != spec["shape"] or array.dtype != dtype:
-            raise DamagedStoreError(f"store={str(path)!r}: array {name!r} has shape {array.shape} and dtype "
-                                    f"{array.dtype}, the manifest says {tuple(spec['shape'])} and {dtype}")
+            raise DamagedStoreError(
+                f"store={str(path)!r}: array {name!r} has shape {array.shape} and dtype "
+                f"{array.dtype}, the manifest says {tuple(spec['shape'])} and {dtype}"
+            )
         try:
             array[...]
         except Exception as exc:  # the checksum codec raises on a flipped byte
@@ -221,7 +239,7 @@ def verify_store(path) -> dict:
     return progress
 
 
-VERIFIERS[KIND] = verify_store
+register_verifier(KIND, verify_store)
 
 
 def json_safe(value):

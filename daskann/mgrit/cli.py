@@ -10,6 +10,7 @@ from daskann._cli_common import (
     _int_list,
     cli_errors,
     cluster_options,
+    connect,
     data_options,
     output_options,
     run_training,
@@ -22,29 +23,52 @@ _RELAXATION = {"F": 0, "FCF": 1, "FCFCF": 2}
 
 def _solver_options(func):
     options = [
-        click.option("--preset", type=click.Choice(sorted(PRESETS)), default="solver2", show_default=True,
-                     help="Solver configuration; the options below override it."),
+        click.option(
+            "--preset",
+            type=click.Choice(sorted(PRESETS)),
+            default="solver2",
+            show_default=True,
+            help="Solver configuration; the options below override it.",
+        ),
         click.option("--levels", type=int, default=None, help="Number of MGRIT levels."),
         click.option("--coarsening", "cfactor", type=int, default=None, help="Coarsening factor (>= 2)."),
         click.option("--cycle", "cycle_type", type=click.Choice(["V", "F"]), default=None, help="Cycle type."),
-        click.option("--relaxation", type=click.Choice(sorted(_RELAXATION)), default=None,
-                     help="F, FCF or FCFCF relaxation."),
+        click.option(
+            "--relaxation", type=click.Choice(sorted(_RELAXATION)), default=None, help="F, FCF or FCFCF relaxation."
+        ),
         click.option("--weight-c", type=float, default=None, help="C-relaxation weight in (0, 2)."),
         click.option("--tol", type=float, default=None, help="Absolute residual tolerance."),
         click.option("--max-iter", type=int, default=None, help="Most MGRIT iterations."),
         click.option("--nested/--no-nested", "nested_iteration", default=None, help="Nested iteration."),
-        click.option("--coarse", type=click.Choice(["scaled", "repeat"]), default=None,
-                     help="Coarse propagator."),
-        click.option("--alpha-cap", type=float, default=None,
-                     help="Cap of the coarse learning-rate factor (fine steps per coarse step)."),
-        click.option("--alpha-growth", type=float, default=None,
-                     help="Coarse learning-rate factor alpha_l = growth**l (default: the span m**l)."),
-        click.option("--scheduler", type=click.Choice(["distributed", "threads", "sync", "inprocess"]),
-                     default="distributed", show_default=True, help="Where the tasks run."),
-        click.option("--intervals-per-task", default="auto", show_default=True,
-                     help="Intervals one task relaxes, or 'auto'."),
-        click.option("--store", type=click.Path(path_type=Path), default=None,
-                     help="Zarr trajectory store (default: inside --output, or temporary)."),
+        click.option("--coarse", type=click.Choice(["scaled", "repeat"]), default=None, help="Coarse propagator."),
+        click.option(
+            "--alpha-cap",
+            type=float,
+            default=None,
+            help="Cap of the coarse learning-rate factor (fine steps per coarse step).",
+        ),
+        click.option(
+            "--alpha-growth",
+            type=float,
+            default=None,
+            help="Coarse learning-rate factor alpha_l = growth**l (default: the span m**l).",
+        ),
+        click.option(
+            "--scheduler",
+            type=click.Choice(["distributed", "threads", "sync", "inprocess"]),
+            default="distributed",
+            show_default=True,
+            help="Where the tasks run.",
+        ),
+        click.option(
+            "--intervals-per-task", default="auto", show_default=True, help="Intervals one task relaxes, or 'auto'."
+        ),
+        click.option(
+            "--store",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="Zarr trajectory store (default: inside --output, or temporary).",
+        ),
         click.option("--compute-error", is_flag=True, help="Also train serially and record the error per iteration."),
     ]
     for option in reversed(options):
@@ -58,14 +82,25 @@ def _trainer_kwargs(opts: dict) -> dict:
         try:
             per_task = int(per_task)
         except ValueError:
-            raise click.BadParameter(f"{per_task!r} is not an integer or 'auto'",
-                                     param_hint="--intervals-per-task") from None
+            raise click.BadParameter(
+                f"{per_task!r} is not an integer or 'auto'", param_hint="--intervals-per-task"
+            ) from None
     kwargs = {
-        "preset": opts["preset"], "levels": opts["levels"], "cfactor": opts["cfactor"],
-        "cycle_type": opts["cycle_type"], "weight_c": opts["weight_c"], "tol": opts["tol"],
-        "max_iter": opts["max_iter"], "nested_iteration": opts["nested_iteration"], "coarse": opts["coarse"],
-        "alpha_cap": opts["alpha_cap"], "alpha_growth": opts["alpha_growth"], "scheduler": opts["scheduler"],
-        "intervals_per_task": per_task, "store": opts["store"], "compute_error": opts["compute_error"],
+        "preset": opts["preset"],
+        "levels": opts["levels"],
+        "cfactor": opts["cfactor"],
+        "cycle_type": opts["cycle_type"],
+        "weight_c": opts["weight_c"],
+        "tol": opts["tol"],
+        "max_iter": opts["max_iter"],
+        "nested_iteration": opts["nested_iteration"],
+        "coarse": opts["coarse"],
+        "alpha_cap": opts["alpha_cap"],
+        "alpha_growth": opts["alpha_growth"],
+        "scheduler": opts["scheduler"],
+        "intervals_per_task": per_task,
+        "store": opts["store"],
+        "compute_error": opts["compute_error"],
     }
     if opts["relaxation"] is not None:
         kwargs["cf_iter"] = _RELAXATION[opts["relaxation"]]
@@ -107,11 +142,7 @@ def train_command(**opts):
 
     def make(settings, dataset):
         if kwargs["scheduler"] == "distributed":
-            from daskann.cluster import client
-
-            state["client"] = client(address=opts.get("address"), profile=opts.get("profile"),
-                                     n_workers=opts.get("workers"),
-                                     quiet=bool(opts.get("quiet") or opts.get("as_json")))
+            state["client"] = connect(opts, quiet=bool(opts.get("quiet") or opts.get("as_json")))
         return MGRITTrainer(**settings, **kwargs, client=state["client"])
 
     try:
@@ -122,28 +153,69 @@ def train_command(**opts):
 
 
 @click.command("mgrit")
-@click.option("--steps", "steps", default="200,800,3200,12800", show_default=True, callback=_int_list,
-              help="Numbers of training steps of the iteration study, comma-separated.")
-@click.option("--presets", default="solver1,solver2,solver3,solver4", show_default=True,
-              help="Presets of the iteration study, comma-separated.")
-@click.option("--cycles", default="V,F", show_default=True,
-              help="Cycle types run with the --preset configuration, comma-separated.")
-@click.option("--preset", type=click.Choice(sorted(PRESETS)), default="solver2", show_default=True,
-              help="Configuration of the cycle comparison and of the wall-clock run.")
-@click.option("--momentum", "momenta", default="0.0", show_default=True,
-              help="SGD momenta of the study, comma-separated.")
+@click.option(
+    "--steps",
+    "steps",
+    default="200,800,3200,12800",
+    show_default=True,
+    callback=_int_list,
+    help="Numbers of training steps of the iteration study, comma-separated.",
+)
+@click.option(
+    "--presets",
+    default="solver1,solver2,solver3,solver4",
+    show_default=True,
+    help="Presets of the iteration study, comma-separated.",
+)
+@click.option(
+    "--cycles",
+    default="V,F",
+    show_default=True,
+    help="Cycle types run with the --preset configuration, comma-separated.",
+)
+@click.option(
+    "--preset",
+    type=click.Choice(sorted(PRESETS)),
+    default="solver2",
+    show_default=True,
+    help="Configuration of the cycle comparison and of the wall-clock run.",
+)
+@click.option(
+    "--momentum", "momenta", default="0.0", show_default=True, help="SGD momenta of the study, comma-separated."
+)
 @click.option("--lr", type=float, default=None, help="Learning rate (default: the benchmark problem's).")
-@click.option("--coarsest", type=int, default=12, show_default=True,
-              help="Levels are added while the coarsest level keeps at least this many steps.")
+@click.option(
+    "--coarsest",
+    type=int,
+    default=12,
+    show_default=True,
+    help="Levels are added while the coarsest level keeps at least this many steps.",
+)
 @click.option("--max-iter", type=int, default=40, show_default=True)
-@click.option("--wall-steps", type=int, default=256, show_default=True,
-              help="Training steps of the wall-clock comparison on the cluster (0 skips it).")
+@click.option(
+    "--wall-steps",
+    type=int,
+    default=256,
+    show_default=True,
+    help="Training steps of the wall-clock comparison on the cluster (0 skips it).",
+)
 @click.option("--repeats", type=int, default=3, show_default=True, help="Repeats of the wall-clock runs (medians).")
-@click.option("--workers", type=int, default=2, show_default=True,
-              help="Workers of the embedded cluster and of the work model's finite-worker speedup.")
+@click.option(
+    "--workers",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Workers of the embedded cluster and of the work model's finite-worker speedup.",
+)
 @click.option("--address", default=None, help="Scheduler address instead of an embedded cluster.")
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("bench-results/mgrit"),
-              show_default=True, help="Folder for the JSON report and the PNG plots.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=Path("bench-results/mgrit"),
+    show_default=True,
+    help="Folder for the JSON report and the PNG plots.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @cli_errors

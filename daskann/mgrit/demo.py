@@ -34,10 +34,19 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
     steps = 64 if quick else 256
     data = load_dataset("linear", n_samples=640, n_features=8, n_outputs=1, seed=0)
     trainer = MGRITTrainer(
-        (16, 16), loss=data.loss, lr=1e-3, momentum=0.0, batch_size=16, seed=0, preset="solver2",
-        levels=3, cfactor=4, intervals_per_task=8, compute_error=True, client=client,
+        (16, 16),
+        loss=data.loss,
+        lr=1e-3,
+        momentum=0.0,
+        batch_size=16,
+        seed=0,
+        preset="solver2",
+        levels=3,
+        cfactor=4,
+        intervals_per_task=8,
+        compute_error=True,
+        client=client,
     )
     start = time.perf_counter()
     trainer.fit(data.X_train, data.y_train, steps=steps, validation_data=(data.X_val, data.y_val))
-    return summarize(trainer, data, method="mgrit", seconds=time.perf_counter() - start,
-                     extra=mgrit_summary(trainer))
+    return summarize(trainer, data, method="mgrit", seconds=time.perf_counter() - start, extra=mgrit_summary(trainer))

@@ -53,8 +53,9 @@ class LinearPropagator(Propagator):
         return cls([-lam], dt=dt)
 
     @classmethod
-    def random_stable(cls, size: int, *, seed: int = 0, dt: float = 1.0, slow: float = 0.01,
-                      fast: float = 0.5) -> LinearPropagator:
+    def random_stable(
+        cls, size: int, *, seed: int = 0, dt: float = 1.0, slow: float = 0.01, fast: float = 0.5
+    ) -> LinearPropagator:
         """A non-symmetric stable matrix: rates spread in ``[slow, fast]``, random eigenvectors."""
         size = check_int("size", size)
         rng = np.random.default_rng(seed)

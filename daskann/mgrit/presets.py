@@ -48,9 +48,21 @@ from __future__ import annotations
 from daskann._validation import check_choice, invalid
 
 _COMMON = {
-    "levels": 3, "cfactor": 4, "cf_iter": 1, "cycle_type": "V", "weight_c": 1.0, "weight_c_growth": 1.0,
-    "tol": 1e-9, "rtol": None, "max_iter": 50, "nested_iteration": False, "coarse": "scaled",
-    "alpha_growth": None, "alpha_cap": "auto", "substeps": 1, "coarse_batches": 1,
+    "levels": 3,
+    "cfactor": 4,
+    "cf_iter": 1,
+    "cycle_type": "V",
+    "weight_c": 1.0,
+    "weight_c_growth": 1.0,
+    "tol": 1e-9,
+    "rtol": None,
+    "max_iter": 50,
+    "nested_iteration": False,
+    "coarse": "scaled",
+    "alpha_growth": None,
+    "alpha_cap": "auto",
+    "substeps": 1,
+    "coarse_batches": 1,
 }
 
 PRESETS: dict[str, dict] = {

@@ -126,8 +126,9 @@ class StateLayout:
         arrays = _as_arrays(state, name)
         dtypes = {a.dtype for a in arrays}
         if len(dtypes) != 1:
-            raise invalid(name, f"arrays of dtypes {sorted(str(d) for d in dtypes)}", "arrays of one floating dtype",
-                          TypeError)
+            raise invalid(
+                name, f"arrays of dtypes {sorted(str(d) for d in dtypes)}", "arrays of one floating dtype", TypeError
+            )
         dtype = dtypes.pop()
         if not np.issubdtype(dtype, np.floating):
             raise invalid(name, f"arrays of dtype {dtype}", "floating-point arrays", TypeError)
@@ -164,13 +165,12 @@ class StateLayout:
         """Raise :class:`PropagatorError` unless ``result`` has this layout."""
         if not isinstance(result, (tuple, list)):
             raise PropagatorError(
-                f"returned {type(result).__name__}, expected a tuple of {len(self.shapes)} arrays", level=level,
+                f"returned {type(result).__name__}, expected a tuple of {len(self.shapes)} arrays",
+                level=level,
                 step=step,
             )
         if len(result) != len(self.shapes):
-            raise PropagatorError(
-                f"returned {len(result)} arrays, expected {len(self.shapes)}", level=level, step=step
-            )
+            raise PropagatorError(f"returned {len(result)} arrays, expected {len(self.shapes)}", level=level, step=step)
         for i, (a, shape) in enumerate(zip(result, self.shapes, strict=True)):
             a_shape = getattr(a, "shape", None)
             a_dtype = getattr(a, "dtype", None)

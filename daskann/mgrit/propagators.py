@@ -123,11 +123,14 @@ class SGDPropagator(Propagator):
         self.order = order
         self.optimizer = SGD(lr, momentum)
         if not (callable(coarse) or coarse in ("scaled", "repeat")):
-            raise invalid("coarse", coarse, "'scaled', 'repeat' or a callable coarse(state, start, stop, level)",
-                          TypeError if not isinstance(coarse, str) else ValueError)
+            raise invalid(
+                "coarse",
+                coarse,
+                "'scaled', 'repeat' or a callable coarse(state, start, stop, level)",
+                TypeError if not isinstance(coarse, str) else ValueError,
+            )
         self.coarse = coarse
-        self.alpha_growth = None if alpha_growth is None else check_float(
-            "alpha_growth", alpha_growth, minimum=1.0)
+        self.alpha_growth = None if alpha_growth is None else check_float("alpha_growth", alpha_growth, minimum=1.0)
         auto = isinstance(alpha_cap, str) and alpha_cap == "auto"
         if alpha_cap is not None and not auto and not (isinstance(alpha_cap, (int, float)) and alpha_cap == math.inf):
             alpha_cap = check_float("alpha_cap", alpha_cap, minimum=1.0)
@@ -159,18 +162,30 @@ class SGDPropagator(Propagator):
     def split(self, state) -> tuple[MLP, list]:
         """The network and the velocity a state describes."""
         params = [np.array(a) for a in state[: self._n]]
-        model = MLP.from_arrays(params[0::2], params[1::2], activation=self.config["activation"],
-                                output=self.config["output"], negative_slope=self.config["negative_slope"])
+        model = MLP.from_arrays(
+            params[0::2],
+            params[1::2],
+            activation=self.config["activation"],
+            output=self.config["output"],
+            negative_slope=self.config["negative_slope"],
+        )
         return model, [np.array(a) for a in state[self._n :]]
 
     def get_config(self) -> dict:
         """What identifies the training problem (stored with a run)."""
         return {
-            "model": self.config, "loss": self.loss, "lr": self.optimizer.lr, "momentum": self.optimizer.momentum,
-            "batch_order": self.order.get_state(), "data": self._digest,
+            "model": self.config,
+            "loss": self.loss,
+            "lr": self.optimizer.lr,
+            "momentum": self.optimizer.momentum,
+            "batch_order": self.order.get_state(),
+            "data": self._digest,
             "coarse": self.coarse if isinstance(self.coarse, str) else getattr(self.coarse, "__qualname__", "callable"),
-            "alpha_growth": self.alpha_growth, "alpha_cap": self.alpha_cap, "substeps": self.substeps,
-            "coarse_batches": self.coarse_batches, "step_offset": self.step_offset,
+            "alpha_growth": self.alpha_growth,
+            "alpha_cap": self.alpha_cap,
+            "substeps": self.substeps,
+            "coarse_batches": self.coarse_batches,
+            "step_offset": self.step_offset,
         }
 
     def __getstate__(self):
@@ -196,8 +211,12 @@ class SGDPropagator(Propagator):
         net = getattr(self._local, "net", None)
         if net is None:
             net = self._local.net = MLP.from_arrays(
-                params[0::2], params[1::2], activation=self.config["activation"], output=self.config["output"],
-                negative_slope=self.config["negative_slope"])
+                params[0::2],
+                params[1::2],
+                activation=self.config["activation"],
+                output=self.config["output"],
+                negative_slope=self.config["negative_slope"],
+            )
         net.weights, net.biases = params[0::2], params[1::2]
         _value, grad_w, grad_b = net.loss_and_gradients(self.X[rows], self.y[rows], self.loss)
         return [g for pair in zip(grad_w, grad_b, strict=True) for g in pair]
@@ -353,8 +372,9 @@ def top_curvature(propagator: SGDPropagator, state, *, steps=(0,), iterations: i
     return abs(value)
 
 
-def auto_alpha_cap(propagator: SGDPropagator, state, *, batches: int = 4, growth: float = 4.0,
-                   margin: float = 0.5) -> float:
+def auto_alpha_cap(
+    propagator: SGDPropagator, state, *, batches: int = 4, growth: float = 4.0, margin: float = 0.5
+) -> float:
     """The coarse learning-rate cap ``alpha_cap="auto"`` resolves to.
 
     The top curvature of the first ``batches`` minibatches at ``state`` (the
@@ -365,8 +385,7 @@ def auto_alpha_cap(propagator: SGDPropagator, state, *, batches: int = 4, growth
     curvature = top_curvature(propagator, state, steps=steps)
     if curvature <= 0.0:
         return math.inf
-    return stable_alpha_cap(propagator.optimizer.lr, propagator.optimizer.momentum, growth * curvature,
-                            margin=margin)
+    return stable_alpha_cap(propagator.optimizer.lr, propagator.optimizer.momentum, growth * curvature, margin=margin)
 
 
 __all__ = ["SGDPropagator", "auto_alpha_cap", "stable_alpha_cap", "top_curvature"]

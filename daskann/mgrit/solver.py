@@ -30,13 +30,14 @@ daskann                XBraid                            pymgrit 1.0.6
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,10 +47,10 @@ from distributed import Client
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.mgrit import _store, workmodel
 from daskann.mgrit._errors import MGRITDiverged, PropagatorError
-from daskann.mgrit._executors import DaskExecutor, InProcessExecutor
 from daskann.mgrit._kernels import Context, StepFailed
 from daskann.mgrit._levels import Hierarchy, check_hierarchy
-from daskann.mgrit._plan import Planner, block_sizes
+from daskann.mgrit._plan import block_sizes
+from daskann.mgrit._run import IterationRecord, SolveRun, series
 from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
 
 
@@ -176,24 +177,27 @@ class MGRITResult:
     def to_dict(self) -> dict:
         """JSON-safe summary (no state arrays)."""
         return {
-            "converged": self.converged, "status": self.status, "iterations": self.iterations,
-            "residuals": list(self.residuals), "iteration_times": list(self.iteration_times),
-            "setup_time": self.setup_time, "solve_time": self.solve_time,
-            "critical_path": list(self.critical_path), "work": list(self.work), "n_tasks": list(self.n_tasks),
+            "converged": self.converged,
+            "status": self.status,
+            "iterations": self.iterations,
+            "residuals": list(self.residuals),
+            "iteration_times": list(self.iteration_times),
+            "setup_time": self.setup_time,
+            "solve_time": self.solve_time,
+            "critical_path": list(self.critical_path),
+            "work": list(self.work),
+            "n_tasks": list(self.n_tasks),
             "critical_path_run": list(self.critical_path_run),
-            "n_steps": self.n_steps, "levels": self.levels, "tol": self.tol, "rtol": self.rtol,
-            "max_iter": self.max_iter, "executor": self.executor, "store": self.store, "run_id": self.run_id,
+            "n_steps": self.n_steps,
+            "levels": self.levels,
+            "tol": self.tol,
+            "rtol": self.rtol,
+            "max_iter": self.max_iter,
+            "executor": self.executor,
+            "store": self.store,
+            "run_id": self.run_id,
             "speedup_unlimited": self.speedup() if self.critical_path else None,
         }
-
-
-class _LightTask:
-    """What the work model keeps of a task."""
-
-    __slots__ = ("key", "cost", "deps")
-
-    def __init__(self, key, cost, deps):
-        self.key, self.cost, self.deps = key, cost, deps
 
 
 def _per_level(name: str, value, n: int, check) -> tuple:
@@ -336,68 +340,107 @@ class MGRIT:
 
     # -- checks ------------------------------------------------------------------
     def _check(self) -> dict:
+        """Every option checked, in one dict (nothing has run yet)."""
         prop = self.propagator
         if not isinstance(prop, Propagator):
-            if callable(prop):
-                prop = FunctionPropagator(prop)
-            else:
-                raise invalid("propagator", type(prop).__name__, "a Propagator or a callable phi(state, i)",
-                              TypeError)
+            if not callable(prop):
+                raise invalid("propagator", type(prop).__name__, "a Propagator or a callable phi(state, i)", TypeError)
+            prop = FunctionPropagator(prop)
         layout = StateLayout.from_state(self.u0)
         min_coarse = check_int("min_coarse", self.min_coarse)
         hierarchy = check_hierarchy(self.n_steps, self.levels, self.cfactor, min_coarse=min_coarse)
+        opt = {"propagator": prop, "layout": layout, "hierarchy": hierarchy, **self._check_relaxation(hierarchy)}
+        opt["cycle_type"] = check_choice("cycle_type", self.cycle_type, ("V", "F"))
+        opt.update(self._check_stopping())
+        opt.update(self._check_execution())
+        opt.update(
+            nested_iteration=bool(self.nested_iteration),
+            store_fine=bool(self.store_fine),
+            blocks=block_sizes(hierarchy, opt["intervals_per_task"]),
+        )
+        return opt
+
+    def _check_relaxation(self, hierarchy: Hierarchy) -> dict:
         n = hierarchy.n_levels - 1
         cf_iter = _per_level("cf_iter", self.cf_iter, n, lambda k, v: check_int(k, v, minimum=0))
-        weight = _per_level("weight_c", self.weight_c, n,
-                            lambda k, v: check_float(k, v, minimum=0.0, maximum=2.0, min_inclusive=False,
-                                                     max_inclusive=False))
+        weight = _per_level(
+            "weight_c",
+            self.weight_c,
+            n,
+            lambda k, v: check_float(k, v, minimum=0.0, maximum=2.0, min_inclusive=False, max_inclusive=False),
+        )
         growth = check_float("weight_c_growth", self.weight_c_growth, minimum=0.0, min_inclusive=False)
         weights = tuple(w * growth**lvl for lvl, w in enumerate(weight))
         for lvl, w in enumerate(weights):
             if not 0.0 < w < 2.0:
-                raise invalid("weight_c_growth", self.weight_c_growth,
-                              f"a growth that keeps every level's C-relaxation weight in (0, 2) "
-                              f"(level {lvl} would get {w:.4g})")
-        cycle_type = check_choice("cycle_type", self.cycle_type, ("V", "F"))
+                raise invalid(
+                    "weight_c_growth",
+                    self.weight_c_growth,
+                    f"a growth that keeps every level's C-relaxation weight in (0, 2) (level {lvl} would get {w:.4g})",
+                )
+        return {"cf_iter": cf_iter, "weight_c": weights}
+
+    def _check_stopping(self) -> dict:
         tol = check_float("tol", self.tol, minimum=0.0, min_inclusive=False)
-        rtol = None if self.rtol is None else check_float("rtol", self.rtol, minimum=0.0, maximum=1.0,
-                                                          min_inclusive=False, max_inclusive=False)
+        rtol = (
+            None
+            if self.rtol is None
+            else check_float("rtol", self.rtol, minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+        )
         if self.t_norm not in (1, 2, math.inf, "inf"):
             raise invalid("t_norm", self.t_norm, "1, 2 or numpy.inf")
         t_norm = math.inf if self.t_norm == "inf" else self.t_norm
         max_iter = check_int("max_iter", self.max_iter)
         initial_guess = check_choice("initial_guess", self.initial_guess, ("start", "zero"))
-        divergence = None if self.divergence_factor is None else check_float(
-            "divergence_factor", self.divergence_factor, minimum=1.0, min_inclusive=False)
+        divergence = (
+            None
+            if self.divergence_factor is None
+            else check_float("divergence_factor", self.divergence_factor, minimum=1.0, min_inclusive=False)
+        )
+        return {
+            "tol": tol,
+            "rtol": rtol,
+            "t_norm": t_norm,
+            "max_iter": max_iter,
+            "initial_guess": initial_guess,
+            "divergence_factor": divergence,
+        }
+
+    def _check_execution(self) -> dict:
         if self.callback is not None and not callable(self.callback):
             raise invalid("callback", self.callback, "a callable or None", TypeError)
         block = self.intervals_per_task
         if block != "auto":
             block = check_int("intervals_per_task", block)
         timeout = check_float("timeout", self.timeout, minimum=0.0, min_inclusive=False)
-        scheduler = self.scheduler
-        if scheduler == "inprocess":
-            scheduler = None
-        if scheduler is not None and not isinstance(scheduler, Client) and scheduler not in (
-                "sync", "threads", "distributed"):
-            raise invalid("scheduler", scheduler,
-                          "None, 'inprocess', 'sync', 'threads', 'distributed' or a distributed.Client", TypeError)
+        scheduler = None if self.scheduler == "inprocess" else self.scheduler
+        if (
+            scheduler is not None
+            and not isinstance(scheduler, Client)
+            and scheduler not in ("sync", "threads", "distributed")
+        ):
+            raise invalid(
+                "scheduler",
+                scheduler,
+                "None, 'inprocess', 'sync', 'threads', 'distributed' or a distributed.Client",
+                TypeError,
+            )
         if self.store is not None and not isinstance(self.store, (str, Path)):
             raise invalid("store", self.store, "a folder path or None", TypeError)
         if self.store is not None and scheduler is None:
-            raise invalid("store", str(self.store), "None with the in-process scheduler (the zarr store is shared "
-                          "by dask tasks: pass scheduler='threads', 'sync' or a Client)")
-        if self.run_id is not None and (not isinstance(self.run_id, str) or not self.run_id
-                                        or not self.run_id.replace("-", "").replace("_", "").isalnum()):
+            raise invalid(
+                "store",
+                str(self.store),
+                "None with the in-process scheduler (the zarr store is shared "
+                "by dask tasks: pass scheduler='threads', 'sync' or a Client)",
+            )
+        if self.run_id is not None and (
+            not isinstance(self.run_id, str)
+            or not self.run_id
+            or not self.run_id.replace("-", "").replace("_", "").isalnum()
+        ):
             raise invalid("run_id", self.run_id, "a non-empty string of letters, digits, '-' and '_'")
-        return {
-            "propagator": prop, "layout": layout, "hierarchy": hierarchy, "cf_iter": cf_iter,
-            "weight_c": weights, "cycle_type": cycle_type, "tol": tol, "rtol": rtol, "t_norm": t_norm,
-            "max_iter": max_iter, "initial_guess": initial_guess, "divergence_factor": divergence,
-            "intervals_per_task": block, "timeout": timeout, "scheduler": scheduler,
-            "nested_iteration": bool(self.nested_iteration), "store_fine": bool(self.store_fine),
-            "blocks": block_sizes(hierarchy, block),
-        }
+        return {"intervals_per_task": block, "timeout": timeout, "scheduler": scheduler}
 
     @staticmethod
     def _self_test(prop, layout, hierarchy: Hierarchy, u0_vec) -> None:
@@ -408,17 +451,24 @@ class MGRIT:
                 with np.errstate(all="ignore"):
                     ctx.phi(u0_vec, level, 0)
             except StepFailed as exc:
-                raise MGRITDiverged(exc.what + " in the propagator check", level=exc.level, step=exc.step,
-                                    iteration=0) from None
+                raise MGRITDiverged(
+                    exc.what + " in the propagator check", level=exc.level, step=exc.step, iteration=0
+                ) from None
 
     def _config(self, opt: dict) -> dict:
         h = opt["hierarchy"]
         prop = opt["propagator"]
         config = {
-            "n_steps": h.n_steps, "cfactors": list(h.cfactors), "layout": opt["layout"].to_json(),
-            "cf_iter": list(opt["cf_iter"]), "weight_c": list(opt["weight_c"]), "cycle_type": opt["cycle_type"],
-            "nested_iteration": opt["nested_iteration"], "initial_guess": opt["initial_guess"],
-            "store_fine": opt["store_fine"], "blocks": list(opt["blocks"]),
+            "n_steps": h.n_steps,
+            "cfactors": list(h.cfactors),
+            "layout": opt["layout"].to_json(),
+            "cf_iter": list(opt["cf_iter"]),
+            "weight_c": list(opt["weight_c"]),
+            "cycle_type": opt["cycle_type"],
+            "nested_iteration": opt["nested_iteration"],
+            "initial_guess": opt["initial_guess"],
+            "store_fine": opt["store_fine"],
+            "blocks": list(opt["blocks"]),
         }
         if hasattr(prop, "get_config"):
             config["propagator"] = prop.get_config()
@@ -450,6 +500,33 @@ class MGRIT:
 
     def _solve(self, opt: dict) -> MGRITResult:
         t_setup = time.perf_counter()
+        run = self._start(opt)
+        setup_time = time.perf_counter() - t_setup
+        t_solve = time.perf_counter()
+        try:
+            if run.status != "converged":
+                run.open_executor()
+                run.status = self._iterate(run)
+            fine = run.fine_points()
+        finally:
+            run.close()
+        return self._result(run, opt, setup_time=setup_time, solve_time=time.perf_counter() - t_solve, fine_points=fine)
+
+    def _iterate(self, run: SolveRun) -> str:
+        """Iterate until converged or ``max_iter`` (pymgrit's ``solve`` loop); the final status."""
+        for k in range(run.iteration + 1, run.opt["max_iter"] + 1):
+            record, norms = run.iterate(k)
+            run.check_stable(k, norms)
+            converged = run.converged()
+            run.commit(k, "converged" if converged else "running")
+            self._report(run, k, record, converged)
+            if converged:
+                return "converged"
+        run.finish("max_iter")
+        return "max_iter"
+
+    def _start(self, opt: dict) -> SolveRun:
+        """Check the propagator, open (or continue) the store and make the run's planners."""
         prop, layout, hierarchy = opt["propagator"], opt["layout"], opt["hierarchy"]
         u0_vec = layout.pack(self.u0)
         self._self_test(prop, layout, hierarchy, u0_vec)
@@ -457,184 +534,80 @@ class MGRIT:
         run_id = self.run_id or uuid.uuid4().hex
         prefix = f"daskann-mgrit-{uuid.uuid4().hex[:12]}"
         specs = _store.array_specs(hierarchy, layout.size, opt["blocks"], store_fine=opt["store_fine"])
-        scheduler = opt["scheduler"]
-        progress = {"iteration": 0, "status": "new"}
-        temporary = None
-        if scheduler is None:
-            store = _store.MemoryTrajectory(specs, layout.dtype)
-            store_path = None
+        if opt["scheduler"] is None:
+            store, temporary = _store.MemoryTrajectory(specs, layout.dtype), None
+            progress = {"iteration": 0, "status": "new"}
         else:
-            if self.store is None:
-                if isinstance(scheduler, Client) and not _workers_are_local(scheduler):
-                    raise invalid("store", None, "a folder on a file system the workers share (the cluster has "
-                                  "workers on other machines, which cannot see a temporary folder here)")
-                temporary = Path(tempfile.mkdtemp(prefix="daskann-mgrit-", dir=_scratch_dir()))
-                store_path = temporary / "trajectory.zarr"
-            else:
-                store_path = Path(self.store)
-            meta = _store.read_meta(store_path)
-            if meta is not None:
-                if self.run_id is None:
-                    raise invalid("store", str(store_path),
-                                  f"a new folder, or run_id={meta.get('run_id')!r} to continue the run it holds")
-                _store.check_same_run(store_path, meta, run_id, config)
-                _store.verify_store(store_path)  # a damaged store is refused, not continued
-                store = _store.ZarrTrajectory(store_path, run_id)
-                progress = store.read_progress()
-            else:
-                store = _store.create_store(store_path, run_id=run_id, config=config, specs=specs,
-                                            dtype=layout.dtype)
-        resumed = progress.get("iteration", 0) > 0
-        if not resumed:
-            store.write("init", slice(None), u0_vec)
-            store.write("last", slice(None), u0_vec)
-            if hierarchy.n_levels > 1 and not opt["nested_iteration"]:
-                guess = u0_vec if opt["initial_guess"] == "start" else np.zeros_like(u0_vec)
-                store.write("c0", (0, slice(None)), np.broadcast_to(guess, (hierarchy.n_cpoints(0), layout.size)))
-
-        cost_cache = {lvl: float(prop.cost(lvl, hierarchy.span(lvl))) for lvl in range(hierarchy.n_levels)}
-        planner = Planner(hierarchy, {
-            "cf_iter": opt["cf_iter"], "weight_c": opt["weight_c"], "cycle_type": opt["cycle_type"],
-            "store_fine": opt["store_fine"], "blocks": opt["blocks"],
-        }, cost_cache.__getitem__, prefix)
-        residuals = list(progress.get("residuals", []))
-        times = list(progress.get("iteration_times", []))
-        cps = list(progress.get("critical_path", []))
-        cps_run = list(progress.get("critical_path_run", []))
-        works = list(progress.get("work", []))
-        n_tasks = list(progress.get("n_tasks", []))
-        graphs: list = []
-        # the work model's graph: the same cycles with one task per interval (planning only, nothing runs)
-        model = Planner(hierarchy, {
-            "cf_iter": opt["cf_iter"], "weight_c": opt["weight_c"], "cycle_type": opt["cycle_type"],
-            "store_fine": opt["store_fine"], "blocks": (1,) * (hierarchy.n_levels - 1),
-        }, cost_cache.__getitem__, prefix + "-model")
-        if resumed:
-            planner.restart_from(progress["committed"])
-            model.restart_from(progress["committed"])
+            store_path, temporary = self._store_path(opt["scheduler"])
+            try:
+                store, progress = self._open_store(store_path, run_id, config, specs, layout.dtype)
+            except BaseException:
+                if temporary is not None:
+                    shutil.rmtree(temporary, ignore_errors=True)
+                raise
         context = Context(prop, layout, hierarchy, u0_vec)
-        executor = None
-        status = progress.get("status", "new")
-        state_vec = store.read("last", slice(None))
-        setup_time = time.perf_counter() - t_setup
-        t_solve = time.perf_counter()
-        try:
-            if status == "converged":
-                pass
-            else:
-                if scheduler is None:
-                    executor = InProcessExecutor(store, context)
-                else:
-                    executor = DaskExecutor(scheduler, store, context, timeout=opt["timeout"])
-                start = progress.get("iteration", 0)
-                status = "max_iter"
-                for k in range(start + 1, opt["max_iter"] + 1):
-                    tasks = planner.iteration(k, nested=opt["nested_iteration"] and k == 1)
-                    t0 = time.perf_counter()
-                    results = executor.run(tasks)
-                    seconds = time.perf_counter() - t0
-                    failure = next((results[t.key] for t in tasks
-                                    if not results[t.key]["ok"] and not results[t.key].get("skipped")), None)
-                    if failure is not None:
-                        self._record_failure(store, progress, failure, k)
-                        raise MGRITDiverged(failure["what"], level=failure["level"], step=failure["step"],
-                                            iteration=k, residuals=residuals)
-                    finals = [t for t in tasks if t.final]
-                    norms = [r for t in finals for r in results[t.key]["residuals"]]
-                    residual = _temporal_norm(norms, opt["t_norm"]) if hierarchy.n_levels > 1 else 0.0
-                    state_vec = next(results[t.key]["last"] for t in finals if results[t.key]["last"] is not None)
-                    light = [_LightTask(t.key, t.cost, t.deps)
-                             for t in model.iteration(k, nested=opt["nested_iteration"] and k == 1)]
-                    graphs.append(light)
-                    cps_run.append(workmodel.critical_path(tasks))
-                    residuals.append(residual)
-                    times.append(seconds)
-                    cps.append(workmodel.critical_path(light))
-                    works.append(workmodel.total_work(light))
-                    n_tasks.append(len(tasks))
-                    unstable = self._unstable(residuals, opt["divergence_factor"])
-                    converged = not unstable and (
-                        residual <= opt["tol"] or (opt["rtol"] is not None and residual <= opt["rtol"] * residuals[0])
-                    )
-                    if not unstable:
-                        progress = self._commit(store, planner, k, residuals, times, cps, works, n_tasks,
-                                                "converged" if converged else "running", state_vec, cps_run)
-                    else:
-                        worst = int(np.argmax(norms)) if norms else 0
-                        step = (worst + 1) * hierarchy.cfactors[0]
-                        what = (f"the residual grew to {residual:.3e} (smallest so far "
-                                f"{min(residuals[:-1], default=residual):.3e})"
-                                if math.isfinite(residual) else "the residual became NaN or Inf")
-                        self._record_failure(store, progress, {"what": what, "level": 0, "step": step}, k)
-                        raise MGRITDiverged(what, level=0, step=step, iteration=k, residuals=residuals)
-                    if self.callback is not None:
-                        slot = planner.committed
+        return SolveRun(opt, context, store, progress, prefix, run_id=run_id, temporary=temporary)
 
-                        def cpoints(store=store, slot=slot):
-                            if hierarchy.n_levels == 1:
-                                return store.read("u0", slice(None))
-                            return store.read("c0", (slot, slice(None)))
+    def _store_path(self, scheduler) -> tuple[Path, Path | None]:
+        """The store's path, and the temporary folder holding it when none was given."""
+        if self.store is not None:
+            return Path(self.store), None
+        if isinstance(scheduler, Client) and not _workers_are_local(scheduler):
+            raise invalid(
+                "store",
+                None,
+                "a folder on a file system the workers share (the cluster has "
+                "workers on other machines, which cannot see a temporary folder here)",
+            )
+        temporary = Path(tempfile.mkdtemp(prefix="daskann-mgrit-", dir=_scratch_dir()))
+        return temporary / "trajectory.zarr", temporary
 
-                        self.callback(IterationInfo(k, residual, seconds, converged, layout.unpack(state_vec.copy()),
-                                                    cpoints))
-                    if converged:
-                        status = "converged"
-                        break
-                else:
-                    if isinstance(store, _store.ZarrTrajectory):
-                        progress["status"] = "max_iter"
-                        store.write_progress(progress)
-            fine = None
-            if opt["store_fine"] and status in ("converged", "max_iter"):
-                fine = np.vstack([u0_vec[None, :], store.read("u0", slice(None))])
-        finally:
-            if executor is not None:
-                executor.close()
-            if isinstance(store, _store.ZarrTrajectory):
-                store.forget()
-            if temporary is not None:
-                shutil.rmtree(temporary, ignore_errors=True)
-        solve_time = time.perf_counter() - t_solve
-        state = tuple(np.array(a) for a in layout.unpack(np.array(state_vec)))
+    def _open_store(self, path: Path, run_id: str, config: dict, specs: dict, dtype):
+        """A new store, or the store of this run to continue (checked first): the store and its progress."""
+        meta = _store.read_meta(path)
+        if meta is None:
+            store = _store.create_store(path, run_id=run_id, config=config, specs=specs, dtype=dtype)
+            return store, {"iteration": 0, "status": "new"}
+        if self.run_id is None:
+            raise invalid(
+                "store", str(path), f"a new folder, or run_id={meta.get('run_id')!r} to continue the run it holds"
+            )
+        _store.check_same_run(path, meta, run_id, config)
+        _store.verify_store(path)  # a damaged store is refused, not continued
+        store = _store.ZarrTrajectory(path, run_id)
+        return store, store.read_progress()
+
+    def _report(self, run: SolveRun, k: int, record: IterationRecord, converged: bool) -> None:
+        """Hand iteration ``k`` to the callback (pymgrit's ``output_fcn``)."""
+        if self.callback is None:
+            return
+        state = run.context.layout.unpack(run.state_vec.copy())
+        cpoints = functools.partial(run.cpoints, run.planner.committed)
+        self.callback(IterationInfo(k, record.residual, record.seconds, converged, state, cpoints))
+
+    @staticmethod
+    def _result(run: SolveRun, opt: dict, **timings) -> MGRITResult:
+        layout, hierarchy, scheduler = opt["layout"], opt["hierarchy"], opt["scheduler"]
+        lists = series(run.records)
+        executor = "inprocess" if scheduler is None else (run.executor.name if run.executor else str(scheduler))
         return MGRITResult(
-            converged=status == "converged", status=status, iterations=len(residuals), residuals=residuals,
-            iteration_times=times, setup_time=setup_time, solve_time=solve_time, state=state,
-            critical_path=cps, work=works, critical_path_run=cps_run, n_tasks=n_tasks, n_steps=hierarchy.n_steps,
-            levels=hierarchy.describe(), tol=opt["tol"], rtol=opt["rtol"], max_iter=opt["max_iter"],
-            executor="inprocess" if scheduler is None else (executor.name if executor else str(scheduler)),
-            store=None if store_path is None or temporary is not None else str(store_path), run_id=run_id,
-            graphs=graphs, fine_points=fine, layout=layout,
+            converged=run.status == "converged",
+            status=run.status,
+            iterations=len(run.records),
+            state=tuple(np.array(a) for a in layout.unpack(np.array(run.state_vec))),
+            n_steps=hierarchy.n_steps,
+            levels=hierarchy.describe(),
+            tol=opt["tol"],
+            rtol=opt["rtol"],
+            max_iter=opt["max_iter"],
+            executor=executor,
+            store=None if run.temporary is not None else run.store.path,
+            run_id=run.run_id,
+            graphs=run.graphs,
+            layout=layout,
+            **lists,
+            **timings,
         )
-
-    @staticmethod
-    def _unstable(residuals, factor) -> bool:
-        r = residuals[-1]
-        if not math.isfinite(r):
-            return True
-        if factor is None or len(residuals) < 2:
-            return False
-        return r > factor * min(residuals[:-1])
-
-    @staticmethod
-    def _commit(store, planner, k, residuals, times, cps, works, n_tasks, status, state_vec, cps_run) -> dict:
-        progress = {
-            "iteration": k, "status": status, "committed": planner.committed, "residuals": residuals,
-            "iteration_times": times, "critical_path": cps, "work": works, "n_tasks": n_tasks,
-            "critical_path_run": cps_run,
-        }
-        store.write("last", slice(None), state_vec)
-        if isinstance(store, _store.ZarrTrajectory):
-            store.write_progress(_store.json_safe(progress))
-        return progress
-
-    @staticmethod
-    def _record_failure(store, progress, failure, k) -> None:
-        if isinstance(store, _store.ZarrTrajectory):
-            record = dict(progress)
-            record["status"] = "diverged"
-            record["failure"] = {"iteration": k, "level": failure["level"], "step": failure["step"],
-                                 "what": failure["what"]}
-            store.write_progress(_store.json_safe(record))
 
 
 def _workers_are_local(client: Client) -> bool:
@@ -660,17 +633,6 @@ def _scratch_dir() -> str | None:
     except OSError:
         pass
     return None
-
-
-def _temporal_norm(norms: Sequence[float], t_norm) -> float:
-    if not norms:
-        return 0.0
-    a = np.asarray(norms, dtype=np.float64)
-    if t_norm == 1:
-        return float(a.sum())
-    if t_norm == 2:
-        return float(np.sqrt(np.sum(a * a)))
-    return float(a.max())
 
 
 def solve(propagator, u0, n_steps: int, **options) -> MGRITResult:

@@ -10,8 +10,12 @@ from daskann.nn._functional import (
     dense_backward,
     dense_forward,
     mse_loss,
+    output_activation,
+    output_backward,
     output_loss,
+    sigmoid,
     softmax,
+    sse_loss,
 )
 from daskann.nn._mlp import MLP
 from daskann.nn._sgd import SGD
@@ -28,6 +32,10 @@ __all__ = [
     "dense_backward",
     "dense_forward",
     "mse_loss",
+    "output_activation",
+    "output_backward",
     "output_loss",
+    "sigmoid",
     "softmax",
+    "sse_loss",
 ]

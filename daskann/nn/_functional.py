@@ -9,15 +9,26 @@ from __future__ import annotations
 
 import numpy as np
 
-ACTIVATIONS = ("relu", "leaky_relu")
-OUTPUTS = ("linear", "softmax")
-LOSSES = ("mse", "cross_entropy")
+ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh")
+OUTPUTS = ("linear", "softmax", "sigmoid", "tanh")
+LOSSES = ("mse", "cross_entropy", "sse")
+
+
+def sigmoid(z):
+    """Logistic function ``1 / (1 + exp(-z))``, without overflow for large ``|z|``."""
+    e = np.exp(-np.abs(z))
+    one = e.dtype.type(1)
+    return np.where(z >= 0, one / (one + e), e / (one + e))
 
 
 def activate(z, activation, negative_slope=0.01):
     """Apply a hidden-layer activation to pre-activations ``z``."""
     if activation == "relu":
         return np.maximum(z, 0)
+    if activation == "sigmoid":
+        return sigmoid(z)
+    if activation == "tanh":
+        return np.tanh(z)
     return np.where(z > 0, z, z * z.dtype.type(negative_slope))
 
 
@@ -25,7 +36,34 @@ def activation_backward(dA, z, activation, negative_slope=0.01):
     """Gradient with respect to ``z`` given the gradient ``dA`` of ``activate(z)``."""
     if activation == "relu":
         return np.where(z > 0, dA, 0).astype(dA.dtype, copy=False)
+    if activation in ("sigmoid", "tanh"):
+        return output_backward(dA, activate(z, activation), activation)
     return np.where(z > 0, dA, dA * dA.dtype.type(negative_slope))
+
+
+def output_activation(logits, output):
+    """Network output from the last layer's pre-activation."""
+    if output == "linear":
+        return logits
+    if output == "softmax":
+        return softmax(logits)
+    return activate(logits, output)
+
+
+def output_backward(d_out, out, output):
+    """Gradient with respect to the pre-activation given ``d_out`` and ``out = f(z)``.
+
+    Uses the derivative written in the output itself: ``out * (1 - out)`` for
+    sigmoid, ``1 - out**2`` for tanh and the softmax Jacobian-vector product.
+    """
+    if output == "linear":
+        return d_out
+    if output == "softmax":
+        return out * (d_out - (d_out * out).sum(axis=1, keepdims=True))
+    one = out.dtype.type(1)
+    if output == "sigmoid":
+        return d_out * (out * (one - out))
+    return d_out * (one - out * out)
 
 
 def softmax(z):
@@ -62,6 +100,16 @@ def mse_loss(output, target):
     return loss, diff * diff.dtype.type(2.0 / diff.size)
 
 
+def sse_loss(output, target):
+    """Half the sum of squared errors over rows and outputs, ``0.5 * sum((output - target)**2)``.
+
+    The loss of classic backpropagation: its gradient is ``output - target``.
+    Returns ``(loss, d_output)``.
+    """
+    diff = output - target
+    return 0.5 * float(np.sum(diff * diff)), diff
+
+
 def cross_entropy_loss(logits, labels):
     """Mean softmax cross-entropy with integer labels, from logits.
 
@@ -82,14 +130,12 @@ def output_loss(logits, target, *, loss, output):
     """Loss and its gradient with respect to the last layer's pre-activation.
 
     ``"cross_entropy"`` always works on logits (softmax is part of the loss, as in
-    ``torch.nn.CrossEntropyLoss``); ``"mse"`` compares the network output, which
-    is the softmax of the logits when ``output="softmax"``.
+    ``torch.nn.CrossEntropyLoss``); ``"mse"`` and ``"sse"`` compare the network
+    output ``f(logits)`` (see :func:`output_activation`), so that ``"sse"`` with a
+    sigmoid output gives the classic delta ``(out - y) * out * (1 - out)``.
     """
     if loss == "cross_entropy":
         return cross_entropy_loss(logits, target)
-    if output == "linear":
-        return mse_loss(logits, target)
-    probs = softmax(logits)
-    value, d_probs = mse_loss(probs, target)
-    d_logits = probs * (d_probs - (d_probs * probs).sum(axis=1, keepdims=True))
-    return value, d_logits
+    out = output_activation(logits, output)
+    value, d_out = (sse_loss if loss == "sse" else mse_loss)(out, target)
+    return value, output_backward(d_out, out, output)

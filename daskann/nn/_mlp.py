@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from daskann._validation import check_choice, check_float_dtype, check_sizes
+from daskann._typing import Activation, FloatDType, Output
+from daskann._validation import check_choice, check_float_dtype, check_sizes, invalid
 from daskann.nn._functional import (
     ACTIVATIONS,
     LOSSES,
@@ -15,36 +16,44 @@ from daskann.nn._functional import (
     activation_backward,
     dense_backward,
     dense_forward,
+    output_activation,
     output_loss,
-    softmax,
 )
 
 
 class MLP:
-    """Fully connected network with ReLU or Leaky ReLU hidden layers.
+    """Fully connected network with ReLU, Leaky ReLU, sigmoid or tanh hidden layers.
 
-    A dense layer is ``Z = X @ W + b`` with ``W`` of shape ``(n_in, n_out)``.
+    A dense layer is ``Z = X @ W + b`` with ``W`` of shape ``(n_in, n_out)``, or
+    ``Z = X @ W`` without biases.
 
     Parameters
     ----------
     sizes : sequence of int
         Layer widths from input to output, at least two entries.
-    activation : {"relu", "leaky_relu"}
+    activation : {"relu", "leaky_relu", "sigmoid", "tanh"}
         Hidden-layer activation.
-    output : {"linear", "softmax"}
-        Output activation applied by :meth:`predict`.
+    output : {"linear", "softmax", "sigmoid", "tanh"}
+        Output activation, applied by :meth:`predict` and by the ``"mse"`` and
+        ``"sse"`` losses (``"cross_entropy"`` always takes the softmax of the
+        last pre-activation).
     dtype : {"float64", "float32"}
         Floating point type of every parameter.
     seed : int
         Seed of the initialisation: ``U(-1/sqrt(n_in), 1/sqrt(n_in))`` for
-        weights and biases alike, as ``torch.nn.Linear``.
+        weights and biases alike, as ``torch.nn.Linear``, drawn layer by layer
+        (weights, then biases when there are any).
     negative_slope : float
         Slope of Leaky ReLU for negative inputs.
+    bias : bool
+        Whether the dense layers have biases.
 
     Attributes
     ----------
     weights : list of ndarray
     biases : list of ndarray
+        Empty when ``bias`` is false.
+    bias : bool
 
     Examples
     --------
@@ -57,47 +66,53 @@ class MLP:
         self,
         sizes: Sequence[int],
         *,
-        activation: str = "relu",
-        output: str = "linear",
-        dtype="float64",
+        activation: Activation = "relu",
+        output: Output = "linear",
+        dtype: FloatDType | np.dtype = "float64",
         seed: int = 0,
         negative_slope: float = 0.01,
+        bias: bool = True,
     ):
         self.sizes = check_sizes(sizes)
         self.activation = check_choice("activation", activation, ACTIVATIONS)
         self.output = check_choice("output", output, OUTPUTS)
         self.dtype = check_float_dtype(dtype)
         self.negative_slope = float(negative_slope)
+        self.bias = _check_bias(bias)
         self.seed = seed
         rng = np.random.default_rng(seed)
         self.weights, self.biases = [], []
-        for n_in, n_out in zip(self.sizes[:-1], self.sizes[1:]):
+        for n_in, n_out in zip(self.sizes[:-1], self.sizes[1:], strict=True):
             bound = 1.0 / np.sqrt(n_in)
             self.weights.append(rng.uniform(-bound, bound, (n_in, n_out)).astype(self.dtype))
-            self.biases.append(rng.uniform(-bound, bound, n_out).astype(self.dtype))
+            if self.bias:
+                self.biases.append(rng.uniform(-bound, bound, n_out).astype(self.dtype))
 
     @classmethod
     def from_arrays(
         cls,
         weights: Sequence[np.ndarray],
-        biases: Sequence[np.ndarray],
+        biases: Sequence[np.ndarray] | None = None,
         *,
         activation: str = "relu",
         output: str = "linear",
         negative_slope: float = 0.01,
+        bias: bool = True,
     ) -> MLP:
-        """Build a network from given weight and bias arrays (copied)."""
-        if len(weights) != len(biases) or not weights:
-            raise ValueError(
-                f"weights and biases must be non-empty lists of equal length, "
-                f"got {len(weights)} weights and {len(biases)} biases"
-            )
+        """Build a network from given weight and bias arrays (copied).
+
+        With ``bias=False``, ``biases`` must be ``None`` or empty.
+        """
+        bias = _check_bias(bias)
+        biases = _check_bias_arrays(weights, biases, bias)
         sizes = [np.shape(weights[0])[0]] + [np.shape(w)[1] for w in weights]
-        for i, (w, b) in enumerate(zip(weights, biases)):
-            if np.ndim(w) != 2 or np.shape(w)[0] != sizes[i] or np.shape(b) != (sizes[i + 1],):
+        for i, w in enumerate(weights):
+            b_ok = not bias or np.shape(biases[i]) == (sizes[i + 1],)
+            if np.ndim(w) != 2 or np.shape(w)[0] != sizes[i] or not b_ok:
+                found = f" and biases shape {np.shape(biases[i])}" if bias else ""
                 raise ValueError(
-                    f"layer {i}: weights shape {np.shape(w)} and biases shape {np.shape(b)} "
-                    f"do not chain; expected ({sizes[i]}, n_out) and (n_out,)"
+                    f"layer {i}: weights shape {np.shape(w)}{found} do not chain; "
+                    f"expected ({sizes[i]}, n_out)" + (" and (n_out,)" if bias else "")
                 )
         dtype = np.result_type(*weights, *biases)
         net = cls.__new__(cls)
@@ -106,6 +121,7 @@ class MLP:
         net.output = check_choice("output", output, OUTPUTS)
         net.dtype = check_float_dtype(dtype)
         net.negative_slope = float(negative_slope)
+        net.bias = bias
         net.seed = None
         net.weights = [np.array(w, dtype=net.dtype) for w in weights]
         net.biases = [np.array(b, dtype=net.dtype) for b in biases]
@@ -120,22 +136,32 @@ class MLP:
     @property
     def n_parameters(self) -> int:
         """Number of weights and biases."""
-        return sum(w.size + b.size for w, b in zip(self.weights, self.biases))
+        return sum(p.size for p in self.params)
 
     @property
     def params(self) -> list[np.ndarray]:
         """All parameter arrays, weights then biases per layer (not copied)."""
-        return [p for wb in zip(self.weights, self.biases) for p in wb]
+        return self.interleave(self.weights, self.biases)
+
+    def interleave(self, weights, biases) -> list:
+        """Per-layer ``weights`` and ``biases`` (or their gradients) in :attr:`params` order."""
+        if not self.bias:
+            return list(weights)
+        return [p for wb in zip(weights, biases, strict=True) for p in wb]
 
     def get_config(self) -> dict:
-        """JSON-safe description of the architecture."""
-        return {
+        """JSON-safe description of the architecture (``"bias"`` only when false)."""
+        config = {
             "sizes": list(self.sizes),
             "activation": self.activation,
             "output": self.output,
             "dtype": self.dtype.name,
             "negative_slope": self.negative_slope,
         }
+        # absent means biases, so the descriptions (and run identities) of existing models do not change
+        if not self.bias:
+            config["bias"] = False
+        return config
 
     def copy(self) -> MLP:
         """Deep copy."""
@@ -145,12 +171,13 @@ class MLP:
             activation=self.activation,
             output=self.output,
             negative_slope=self.negative_slope,
+            bias=self.bias,
         )
 
     def __repr__(self) -> str:
         return (
             f"MLP(sizes={list(self.sizes)}, activation={self.activation!r}, "
-            f"output={self.output!r}, dtype={self.dtype.name!r})"
+            f"output={self.output!r}, dtype={self.dtype.name!r}" + (")" if self.bias else ", bias=False)")
         )
 
     # -- propagation ---------------------------------------------------------
@@ -159,15 +186,18 @@ class MLP:
         ``(inputs, pre_activations)`` of every layer for :meth:`backward`."""
         A = np.asarray(X, dtype=self.dtype)
         inputs, pre = [], []
-        for layer, (W, b) in enumerate(zip(self.weights, self.biases)):
-            Z = dense_forward(A, W, b)
+        for layer, W in enumerate(self.weights):
+            Z = dense_forward(A, W, self.biases[layer] if self.bias else None)
             inputs.append(A)
             pre.append(Z)
             A = activate(Z, self.activation, self.negative_slope) if layer < self.n_layers - 1 else Z
         return (A, (inputs, pre)) if return_cache else A
 
     def backward(self, d_logits: np.ndarray, cache):
-        """Gradients ``(grad_weights, grad_biases)`` given ``d loss / d logits``."""
+        """Gradients ``(grad_weights, grad_biases)`` given ``d loss / d logits``.
+
+        ``grad_biases`` is empty for a network without biases.
+        """
         inputs, pre = cache
         grad_w = [None] * self.n_layers
         grad_b = [None] * self.n_layers
@@ -176,7 +206,7 @@ class MLP:
             dA, grad_w[layer], grad_b[layer] = dense_backward(dZ, inputs[layer], self.weights[layer])
             if layer > 0:
                 dZ = activation_backward(dA, pre[layer - 1], self.activation, self.negative_slope)
-        return grad_w, grad_b
+        return grad_w, (grad_b if self.bias else [])
 
     def loss_and_gradients(self, X, y, loss: str):
         """Loss value and gradients of all parameters for one batch."""
@@ -192,9 +222,8 @@ class MLP:
         return output_loss(self.forward(X), y, loss=loss, output=self.output)[0]
 
     def predict(self, X) -> np.ndarray:
-        """Network output: logits for ``output="linear"``, probabilities for ``"softmax"``."""
-        logits = self.forward(X)
-        return softmax(logits) if self.output == "softmax" else logits
+        """Network output: logits for ``output="linear"``, else the output activation of them."""
+        return output_activation(self.forward(X), self.output)
 
     def predict_class(self, X) -> np.ndarray:
         """Index of the largest output per row."""
@@ -203,3 +232,23 @@ class MLP:
     def accuracy(self, X, labels) -> float:
         """Share of rows whose largest output is the label."""
         return float(np.mean(self.predict_class(X) == np.asarray(labels)))
+
+
+def _check_bias(bias) -> bool:
+    if not isinstance(bias, (bool, np.bool_)):
+        raise invalid("bias", bias, "True or False", TypeError)
+    return bool(bias)
+
+
+def _check_bias_arrays(weights, biases, bias: bool) -> list:
+    """``biases`` as a list that matches ``weights`` and ``bias``."""
+    if not weights:
+        raise invalid("weights", weights, "a non-empty list of weight matrices")
+    if not bias:
+        if biases is not None and len(biases):
+            raise invalid("biases", f"{len(biases)} arrays", "None or an empty list with bias=False")
+        return []
+    if biases is None or len(biases) != len(weights):
+        found = None if biases is None else f"{len(biases)} arrays"
+        raise invalid("biases", found, f"one bias vector per layer ({len(weights)}), or bias=False")
+    return list(biases)

@@ -47,5 +47,5 @@ class SGD:
 
     def step(self, params, grads, velocities) -> None:
         """Update every parameter array in place."""
-        for p, g, v in zip(params, grads, velocities):
+        for p, g, v in zip(params, grads, velocities, strict=True):
             self.update(p, g, v)

@@ -29,7 +29,10 @@ from distributed import WorkerPlugin, get_worker
 from distributed.protocol import to_serialize
 from distributed.utils import sync
 
+from daskann import config
+from daskann._compat import pool_connect, pool_reuse
 from daskann._validation import check_float, check_int, invalid
+from daskann.exceptions import ExchangeAborted, ExchangeTimeout
 
 PLUGIN_NAME = "daskann-npt-exchange"
 PUT_OP = "daskann_npt_put"
@@ -38,27 +41,6 @@ ABORT_OP = "daskann_npt_abort"
 INLINE_BYTES = 256 * 1024
 #: namespaces remembered as closed, so late messages of a finished run are dropped
 _CLOSED_MEMORY = 1024
-
-
-class ExchangeTimeout(TimeoutError):
-    """A block that a peer cell should have sent did not arrive in time.
-
-    ``source`` is the address of the worker that should have sent it.
-    """
-
-    def __init__(self, message: str, source: str | None = None):
-        super().__init__(message, source)
-
-    @property
-    def source(self) -> str | None:
-        return self.args[1]
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-class ExchangeAborted(RuntimeError):
-    """The run was cancelled while this task waited for a block."""
 
 
 class Mailbox:
@@ -269,7 +251,7 @@ class Channel:
     async def _drain(self, address: str, stream: _Stream) -> None:
         try:
             if stream.comm is None:
-                stream.comm = await self.worker.rpc.connect(address)
+                stream.comm = await pool_connect(self.worker, address)
             while stream.queue:
                 items, stream.queue = stream.queue, []
                 await stream.comm.write(
@@ -293,7 +275,7 @@ class Channel:
         """Drop what is still queued and close the run's connections (failure path)."""
         self._outbox = {}
         try:
-            sync(self.worker.loop, self._close, True, callback_timeout=5)
+            sync(self.worker.loop, self._close, True, callback_timeout=config.seconds("npt.close-timeout"))
         except Exception:
             pass
 
@@ -308,7 +290,7 @@ class Channel:
                     break
             if stream.comm is not None:
                 if not abort and self._failure is None and not stream.comm.closed():
-                    self.worker.rpc.reuse(address, stream.comm)
+                    pool_reuse(self.worker, address, stream.comm)
                 else:
                     stream.comm.abort()
                 stream.comm = None
@@ -348,6 +330,19 @@ class _Stream:
 
 # -- micro benchmark -----------------------------------------------------------
 DEFAULT_SIZES = (8 * 1024, 64 * 1024, 512 * 1024, 8 * 1024 * 1024)
+
+
+def _latency_pair(client, workers) -> list[str]:
+    """The two workers to measure between: those given, or the cluster's first two."""
+    if workers is None:
+        available = sorted(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
+        if len(available) < 2:
+            raise invalid("client", f"a cluster of {len(available)} worker", "a cluster with at least two workers")
+        workers = available[:2]
+    workers = list(workers)
+    if len(workers) != 2 or workers[0] == workers[1]:
+        raise invalid("workers", workers, "two different worker addresses")
+    return workers
 
 
 def _ping_pong(namespace: str, role: int, peer: str, sizes, repeats: int, timeout: float) -> dict:
@@ -408,14 +403,7 @@ def exchange_latency(client, sizes=DEFAULT_SIZES, *, repeats: int = 20, workers=
         raise invalid("sizes", sizes, "at least one block size in bytes")
     repeats = check_int("repeats", repeats)
     timeout = check_float("timeout", timeout, minimum=0.0, min_inclusive=False)
-    if workers is None:
-        available = sorted(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
-        if len(available) < 2:
-            raise invalid("client", f"a cluster of {len(available)} worker", "a cluster with at least two workers")
-        workers = available[:2]
-    workers = list(workers)
-    if len(workers) != 2 or workers[0] == workers[1]:
-        raise invalid("workers", workers, "two different worker addresses")
+    workers = _latency_pair(client, workers)
     ensure_plugin(client)
     namespace = f"daskann-npt-latency-{uuid.uuid4().hex[:12]}"
     futures = [

@@ -8,8 +8,9 @@ less than one ``client.submit`` per block product.
 
 from __future__ import annotations
 
-from dask._task_spec import Task, TaskRef, parse_input
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+from daskann._compat import Task, TaskRef, parse_input
 
 
 class GraphBuilder:
@@ -37,8 +38,9 @@ class GraphBuilder:
         """Add ``key = func(*args, **kwargs)`` to run on worker ``owner``."""
         if key in self.tasks:
             raise KeyError(f"task key {key!r} added twice")
-        self.tasks[key] = Task(key, func, *(parse_input(a) for a in args),
-                               **{k: parse_input(v) for k, v in kwargs.items()})
+        self.tasks[key] = Task(
+            key, func, *(parse_input(a) for a in args), **{k: parse_input(v) for k, v in kwargs.items()}
+        )
         self.owners[key] = owner
         return key
 
@@ -62,4 +64,4 @@ class GraphBuilder:
         futures = self.client.get(graph, keys, sync=False)
         del keep
         self.tasks, self.owners = {}, {}
-        return dict(zip(keys, futures))
+        return dict(zip(keys, futures, strict=True))

@@ -21,21 +21,18 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 from distributed import wait
 
+from daskann import config
 from daskann.cluster import current_client
+from daskann.exceptions import WorkerLost
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid, live_workers
-
-#: seconds between the watchdog's checks while a step runs
-POLL_SECONDS = 0.5
-
-
-class WorkerLost(RuntimeError):
-    """A worker of the grid left the cluster during training."""
 
 
 @dataclass
@@ -52,71 +49,105 @@ class GraphResult:
     timings: dict = field(default_factory=dict)
 
 
-def train_graph(
-    client,
-    grid: ProcessGrid,
-    *,
-    model,
-    velocity,
-    X,
-    y,
-    validation,
-    order,
-    settings: dict,
-    start: int,
-    stop: int,
-    run_id: str,
-    chains: int,
-    timeout: float,
-    eval_steps=frozenset(),
-    checkpoint_steps=frozenset(),
-    on_checkpoint=None,
-    progress=None,
-    time_offset: float = 0.0,
-    lookahead: int = 1,
-    max_recoveries: int = 2,
-) -> GraphResult:
-    """Train steps ``start .. stop - 1`` in graph mode; see the module docstring."""
-    anchor = (start, model, [v.copy() for v in velocity])
+class Anchor(NamedTuple):
+    """A state training can restart from: ``model`` and ``velocity`` after ``step`` steps."""
+
+    step: int
+    model: object
+    velocity: list
+
+
+@dataclass(frozen=True)
+class GraphRun:
+    """What a graph-mode run is asked to do: fixed for the whole run, every replay included.
+
+    Attributes
+    ----------
+    X, y : ndarray
+        Validated training data.
+    validation : (X_val, y_val) or None
+        Evaluated on the grid at ``eval_steps``.
+    order : daskann.data.BatchOrder
+        Step ``i`` trains on rows ``order.indices(i)``.
+    settings : dict
+        Validated trainer settings.
+    stop : int
+        Steps done when training ends.
+    run_id : str
+        Prefix of every task key of the run (each replay adds ``-a<n>``).
+    chains : {0, 1, 2}
+        Accumulation chains per block product (see :class:`daskann.npt.graph_mode.GraphEngine`).
+    timeout : float
+        Seconds without a finished step before training fails.
+    eval_steps, checkpoint_steps : frozenset of int
+        Step counts after which to evaluate ``validation`` and to call ``on_checkpoint``.
+    on_checkpoint : callable, optional
+        ``on_checkpoint(step, model, velocity)``; the state saved is where replays restart.
+    progress : callable, optional
+        ``progress(step, loss)`` after every step.
+    time_offset : float
+        Seconds already on the history's clock (a resumed or continued run).
+    lookahead : int
+        Steps submitted ahead of the one whose loss the client waits for.
+    max_recoveries : int, optional
+        Replays from the same state before giving up (default: ``daskann.npt.graph-replays``).
+    """
+
+    X: object
+    y: object
+    validation: tuple | None
+    order: object
+    settings: dict
+    stop: int
+    run_id: str
+    chains: int
+    timeout: float
+    eval_steps: frozenset = frozenset()
+    checkpoint_steps: frozenset = frozenset()
+    on_checkpoint: Callable | None = None
+    progress: Callable | None = None
+    time_offset: float = 0.0
+    lookahead: int = 1
+    max_recoveries: int | None = None
+
+
+def train_graph(client, grid: ProcessGrid, run: GraphRun, *, model, velocity, start: int) -> GraphResult:
+    """Train steps ``start .. run.stop - 1`` from ``model`` and ``velocity``; see the module docstring."""
+    max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
+    anchor = Anchor(start, model, [v.copy() for v in velocity])
     rows: dict = {}
-    t0 = time.perf_counter() - time_offset
+    t0 = time.perf_counter() - run.time_offset
     task_stream_start = time.time()
     client.get_task_stream(start=task_stream_start)  # makes the scheduler record from now on
     attempt = 0  # replays so far (each has its own key prefix)
     since_anchor = 0  # replays since the state they restart from was saved
     while True:
-        prefix = f"{run_id}-a{attempt}"
         try:
-            result = _attempt(
-                client, grid, prefix=prefix, anchor=anchor, rows=rows, X=X, y=y, validation=validation,
-                order=order, settings=settings, stop=stop, chains=chains, timeout=timeout, eval_steps=eval_steps,
-                checkpoint_steps=checkpoint_steps, on_checkpoint=on_checkpoint, progress=progress, t0=t0,
-                lookahead=lookahead,
-            )
+            result = _Attempt(client, grid, run, anchor, rows, prefix=f"{run.run_id}-a{attempt}", t0=t0).train()
             result.grid, result.recoveries = grid, attempt
-            _add_timings(client, result, run_id, task_stream_start, grid)
+            _add_timings(client, result, run.run_id, task_stream_start, grid)
             return result
         except WorkerLost as exc:
             attempt += 1
             new_anchor = exc.args[1] if len(exc.args) > 1 and exc.args[1] is not None else anchor
             # the budget is per checkpoint: a replay that reached a new checkpoint made progress
-            since_anchor = 1 if new_anchor[0] > anchor[0] else since_anchor + 1
+            since_anchor = 1 if new_anchor.step > anchor.step else since_anchor + 1
             anchor = new_anchor
             if since_anchor > max_recoveries:
                 raise RuntimeError(
-                    f"graph-mode training lost workers {since_anchor} times since step {anchor[0]} ({exc.args[0]}); "
-                    f"giving up after {max_recoveries} replays"
+                    f"graph-mode training lost workers {since_anchor} times since step {anchor.step} "
+                    f"({exc.args[0]}); giving up after {max_recoveries} replays"
                 ) from exc
-            for done in [d for d in rows if d > anchor[0]]:
+            for done in [d for d in rows if d > anchor.step]:
                 del rows[done]
-            grid = _regrid(client, grid, timeout)
+            grid = _regrid(client, grid, run.timeout)
 
 
 def _regrid(client, grid: ProcessGrid, timeout: float) -> ProcessGrid:
     """The same grid shape on the workers there are now (the nanny usually restarts a lost one)."""
     wanted = len(set(grid.workers))
     try:
-        client.wait_for_workers(wanted, timeout=min(30.0, timeout))
+        client.wait_for_workers(wanted, timeout=min(config.seconds("npt.regrid-timeout"), timeout))
     except (TimeoutError, OSError):
         pass
     workers = live_workers(client)
@@ -125,65 +156,114 @@ def _regrid(client, grid: ProcessGrid, timeout: float) -> ProcessGrid:
     return ProcessGrid.from_workers(grid.shape, workers, share_workers=True)
 
 
-def _attempt(client, grid, *, prefix, anchor, rows, X, y, validation, order, settings, stop, chains, timeout,
-             eval_steps, checkpoint_steps, on_checkpoint, progress, t0, lookahead) -> GraphResult:
-    start, model, velocity = anchor
-    engine = GraphEngine(client, grid, sizes=model.sizes, settings=settings, prefix=prefix, chains=chains)
-    watch = _Watchdog(client, grid, timeout)
-    try:
-        bands = engine.scatter_data(X, y)
-        val_bands = engine.scatter_data(validation[0], validation[1], name="val") if validation is not None else None
-        states = {start: engine.scatter_state(model, velocity, start)}
-    except OSError as exc:
-        raise WorkerLost(f"scattering to the grid failed ({exc})", None) from exc
-    except KeyError as exc:
-        # the scheduler removed a grid worker between our look at the cluster and the scatter
-        if exc.args and exc.args[0] in grid.workers:
-            raise WorkerLost(f"grid worker {exc.args[0]} left while data was scattered to it", None) from exc
-        raise
-    pending = []
-    next_step, done = start, start
-    batch = order.batch_size
-    try:
-        while done < stop:
-            while next_step < stop and next_step - done <= lookahead:
-                new, loss_futures = engine.submit_step(states[next_step], bands, order.indices(next_step))
-                states[next_step + 1] = new
-                pending.append((next_step, loss_futures))
-                next_step += 1
-            step, loss_futures = pending.pop(0)
-            parts = watch.gather(loss_futures, anchor)
-            loss = engine.loss_value(parts, batch)
+class _Attempt:
+    """One try at the remaining steps on one grid, under its own key prefix.
+
+    Raises :class:`WorkerLost` carrying the latest :class:`Anchor` (the last
+    checkpoint reached) when a grid worker leaves.
+    """
+
+    def __init__(self, client, grid: ProcessGrid, run: GraphRun, anchor: Anchor, rows: dict, *, prefix: str, t0: float):
+        self.run, self.anchor, self.rows, self.prefix, self.t0 = run, anchor, rows, prefix, t0
+        self.like = anchor.model  # activation and output of every model gathered
+        self.grid = grid
+        self.engine = GraphEngine(
+            client, grid, sizes=anchor.model.sizes, settings=run.settings, prefix=prefix, chains=run.chains
+        )
+        self.watch = _Watchdog(client, grid, run.timeout)
+        self.states: dict = {}  # steps done -> GridState
+        self.pending: list = []  # (step, loss futures) submitted and not yet read
+
+    def train(self) -> GraphResult:
+        self._scatter()
+        try:
+            return self._steps()
+        except WorkerLost as exc:
+            raise WorkerLost(exc.args[0], self.anchor) from exc
+        finally:
+            self.states.clear()
+            self.pending.clear()
+
+    def _scatter(self) -> None:
+        """The data and the anchor's state onto the grid; a grid worker gone meanwhile means a replay."""
+        run, engine, anchor = self.run, self.engine, self.anchor
+        try:
+            self.bands = engine.scatter_data(run.X, run.y)
+            self.val_bands = (
+                engine.scatter_data(run.validation[0], run.validation[1], name="val")
+                if run.validation is not None
+                else None
+            )
+            self.states[anchor.step] = engine.scatter_state(anchor.model, anchor.velocity, anchor.step)
+        except OSError as exc:
+            raise WorkerLost(f"scattering to the grid failed ({exc})", None) from exc
+        except KeyError as exc:
+            # the scheduler removed a grid worker between our look at the cluster and the scatter
+            if exc.args and exc.args[0] in self.grid.workers:
+                raise WorkerLost(f"grid worker {exc.args[0]} left while data was scattered to it", None) from exc
+            raise
+
+    def _steps(self) -> GraphResult:
+        """Submit ahead, read each step's loss, record, checkpoint; the final state gathered."""
+        run = self.run
+        next_step = done = self.anchor.step
+        while done < run.stop:
+            next_step = self._submit_ahead(next_step, done)
+            step, loss_futures = self.pending.pop(0)
+            loss = self.engine.loss_value(self._gather(loss_futures), run.order.batch_size)
             if not np.isfinite(loss):
-                return _diverged(engine, states, rows, step, model, start)
+                return _diverged(self.engine, self.states, self.rows, step, self.like)
             done = step + 1
-            row = {"loss": loss, "time": time.perf_counter() - t0, "bytes_moved": float(engine.ledgers[step]),
-                   "_attempt": prefix}
-            if done in eval_steps and val_bands is not None:
-                parts = watch.gather(engine.submit_eval(states[done], val_bands, "val"), anchor)
-                row.update(engine.eval_values(parts, val_bands.n_samples))
-            rows[done] = row
-            if progress is not None:
-                progress(done, loss)
-            if done in checkpoint_steps and on_checkpoint is not None:
-                # bounded and watched like a step: a grid worker lost here means a replay, not an error
-                ckpt_model, ckpt_velocity = engine.gather_state(
-                    states[done], model, gather=lambda futures, anchor=anchor: watch.gather(futures, anchor))
-                on_checkpoint(done, ckpt_model, ckpt_velocity)
-                anchor = (done, ckpt_model, ckpt_velocity)
-            for old in [k for k in states if k < done - 1]:
-                del states[old]
-        final_model, final_velocity = engine.gather_state(
-            states[stop], model, gather=lambda futures: watch.gather(futures, anchor))
-        return GraphResult(final_model, final_velocity, rows)
-    except WorkerLost as exc:
-        raise WorkerLost(exc.args[0], anchor) from exc
-    finally:
-        states.clear()
-        pending.clear()
+            self._record(done, loss)
+            self._checkpoint(done)
+            for old in [k for k in self.states if k < done - 1]:
+                del self.states[old]
+        model, velocity = self.engine.gather_state(self.states[run.stop], self.like, gather=self._gather)
+        return GraphResult(model, velocity, self.rows)
+
+    def _submit_ahead(self, next_step: int, done: int) -> int:
+        """Submit steps up to ``lookahead`` ahead of the last one read; the next step to submit."""
+        run = self.run
+        while next_step < run.stop and next_step - done <= run.lookahead:
+            new, loss_futures = self.engine.submit_step(
+                self.states[next_step], self.bands, run.order.indices(next_step)
+            )
+            self.states[next_step + 1] = new
+            self.pending.append((next_step, loss_futures))
+            next_step += 1
+        return next_step
+
+    def _record(self, done: int, loss: float) -> None:
+        """The history row after ``done`` steps (validated at evaluation steps)."""
+        engine = self.engine
+        row = {
+            "loss": loss,
+            "time": time.perf_counter() - self.t0,
+            "bytes_moved": float(engine.ledgers[done - 1]),
+            "_attempt": self.prefix,
+        }
+        if done in self.run.eval_steps and self.val_bands is not None:
+            parts = self._gather(engine.submit_eval(self.states[done], self.val_bands, "val"))
+            row.update(engine.eval_values(parts, self.val_bands.n_samples))
+        self.rows[done] = row
+        if self.run.progress is not None:
+            self.run.progress(done, loss)
+
+    def _checkpoint(self, done: int) -> None:
+        """Save the state after ``done`` steps if asked; it becomes the state replays restart from."""
+        run = self.run
+        if done not in run.checkpoint_steps or run.on_checkpoint is None:
+            return
+        # bounded and watched like a step: a grid worker lost here means a replay, not an error
+        model, velocity = self.engine.gather_state(self.states[done], self.like, gather=self._gather)
+        run.on_checkpoint(done, model, velocity)
+        self.anchor = Anchor(done, model, velocity)
+
+    def _gather(self, futures):
+        return self.watch.gather(futures, self.anchor)
 
 
-def _diverged(engine: GraphEngine, states: dict, rows: dict, step: int, like, start: int) -> GraphResult:
+def _diverged(engine: GraphEngine, states: dict, rows: dict, step: int, like) -> GraphResult:
     """Non-finite loss at ``step``: find the last finite state, as SerialTrainer keeps it."""
     params_ok, velocity_ok = engine.check_finite(states[step])
     if params_ok or step - 1 not in states:
@@ -221,7 +301,7 @@ class _Watchdog:
         while True:
             try:
                 with current_client(self.client):
-                    wait(futures, timeout=POLL_SECONDS)
+                    wait(futures, timeout=config.seconds("npt.poll-interval"))
                 break
             except TimeoutError:
                 pass

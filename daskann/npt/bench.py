@@ -18,6 +18,7 @@ import json
 import math
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -86,9 +87,15 @@ def machine_info(client=None) -> dict:
     from threadpoolctl import threadpool_info
 
     def blas():
-        return [{k: v for k, v in info.items() if k in ("internal_api", "version", "architecture",
-                                                         "threading_layer", "num_threads", "filepath")}
-                for info in threadpool_info() if info.get("user_api") == "blas"]
+        return [
+            {
+                k: v
+                for k, v in info.items()
+                if k in ("internal_api", "version", "architecture", "threading_layer", "num_threads", "filepath")
+            }
+            for info in threadpool_info()
+            if info.get("user_api") == "blas"
+        ]
 
     info = {
         "platform": platform.platform(),
@@ -131,132 +138,202 @@ def _cells(grid: str) -> int:
     return r * c
 
 
-def _settings(trainer) -> dict:
-    return trainer._check_settings()
+@dataclass(frozen=True)
+class _Net:
+    """One net of the sweep: its name in the table, layer sizes, data and minibatch size."""
+
+    name: str
+    sizes: tuple
+    X: np.ndarray
+    y: np.ndarray
+    batch: int
+
+
+@dataclass
+class _Sweep:
+    """The state of one benchmark run: the cluster, what to run, and the rows measured so far."""
+
+    client: object
+    config: BenchConfig
+    n_workers: int
+    resident: bool
+    log: Callable
+    table: list = field(default_factory=list)
+    plans: dict = field(default_factory=dict)
+
+    @property
+    def modes(self) -> list[str]:
+        return [m for m in self.config.modes if m != "resident" or self.resident]
+
+    def record(self, net: _Net, grid: str, mode: str, seconds: float, extra=None) -> dict:
+        cells = _cells(grid) if grid != "-" else 1
+        row = {
+            "net": net.name,
+            "sizes": "-".join(map(str, net.sizes)),
+            "batch": net.batch,
+            "grid": grid,
+            "cells": cells,
+            "p": min(cells, self.n_workers) if mode != "serial" else 1,
+            "mode": mode,
+            "time_per_step": seconds,
+        }
+        row.update(extra or {})
+        self.table.append(row)
+        self.log(f"  {net.name:>15} {grid:>5} {mode:>8}: {seconds * 1e3:10.2f} ms/step")
+        return row
+
+    def serial(self, net: _Net, steps: int, warmup: int | None = None) -> dict:
+        from threadpoolctl import threadpool_limits
+
+        from daskann.serial import SerialTrainer
+
+        warmup = self.config.warmup if warmup is None else warmup
+        with threadpool_limits(1):
+            t = SerialTrainer(**_kwargs(net.sizes, net.batch, self.config)).fit(net.X, net.y, steps=steps + warmup)
+        return self.record(net, "-", "serial", _median_interval(t.history_["time"].values, warmup))
+
+    def npt(self, net: _Net, grid: str, mode: str, steps: int, warmup: int | None = None) -> dict:
+        from daskann.npt.trainer import NPTTrainer
+
+        warmup = self.config.warmup if warmup is None else warmup
+        t = NPTTrainer(
+            **_kwargs(net.sizes, net.batch, self.config),
+            grid=grid,
+            mode=mode,
+            share_workers=True,
+            client=self.client,
+            timeout=600.0,
+        )
+        t.fit(net.X, net.y, steps=steps + warmup)
+        h = t.history_
+        extra = {
+            key: float(np.nanmedian(h[key].values[warmup:])) for key in ("compute_time", "comm_time", "bytes_moved")
+        }
+        if grid == "auto":
+            grid, mode = f"{t.grid_.rows}x{t.grid_.cols}", f"auto-{t.mode_}"
+        return self.record(net, grid, mode, _median_interval(h["time"].values, warmup), extra)
+
+    def peer(self, net: _Net, grid: str, steps: int, warmup: int | None = None) -> dict:
+        from daskann.data import BatchOrder
+        from daskann.nn import MLP
+        from daskann.npt.peer import DaskArrayPeer
+        from daskann.serial import SerialTrainer
+
+        warmup = self.config.warmup if warmup is None else warmup
+        settings = SerialTrainer(**_kwargs(net.sizes, net.batch, self.config))._check_settings()
+        model = MLP(net.sizes, dtype=self.config.dtype, seed=self.config.seed)
+        order = BatchOrder(net.X.shape[0], net.batch, seed=self.config.seed, shuffle=True)
+        r, c = (int(v) for v in grid.split("x"))
+        out = DaskArrayPeer(self.client, (r, c), settings).fit(model, net.X, net.y, order, steps + warmup)
+        return self.record(net, grid, "dask", _median_interval(out["times"], warmup))
+
+    def plan(self, cost, net: _Net) -> dict:
+        """The grid and mode ``grid="auto"`` takes for ``net``, kept for the report."""
+        self.plans[net.name] = _auto_choice(
+            cost, net.sizes, net.batch, self.n_workers, self.resident, self.config.dtype
+        )
+        return self.plans[net.name]
 
 
 def run_bench(client, config: BenchConfig | None = None, *, log=print) -> dict:
     """Run the sweep on ``client``'s cluster; returns ``{"table", "checks", "machine", "config", "plans"}``."""
-    from threadpoolctl import threadpool_limits
-
-    from daskann.npt.grid import live_workers
     from daskann.npt import costmodel
-    from daskann.npt.trainer import NPTTrainer, resident_available
-    from daskann.serial import SerialTrainer
+    from daskann.npt.grid import live_workers
+    from daskann.npt.trainer import resident_available
 
     config = config or BenchConfig()
-    n_workers = len(live_workers(client))
-    modes = [m for m in config.modes if m != "resident" or resident_available()]
-    table, plans = [], {}
+    run = _Sweep(client, config, len(live_workers(client)), resident_available(), log)
     cost = costmodel.measure(client)
     log(f"cost model: {json.dumps(cost.to_dict())}")
+    _paper_nets(run, cost)
+    _large_net(run, cost)
+    _width_sweep(run)
+    _derive(run.table)
+    return {
+        "table": run.table,
+        "checks": _checks(run.table, run.plans),
+        "machine": machine_info(client),
+        "config": asdict(config),
+        "plans": run.plans,
+        "cost_model": cost.to_dict(),
+    }
 
-    def record(net, sizes, batch, grid, mode, seconds, extra=None):
-        cells = _cells(grid) if grid != "-" else 1
-        row = {"net": net, "sizes": "-".join(map(str, sizes)), "batch": batch, "grid": grid, "cells": cells,
-               "p": min(cells, n_workers) if mode != "serial" else 1, "mode": mode, "time_per_step": seconds}
-        row.update(extra or {})
-        table.append(row)
-        log(f"  {net:>15} {grid:>5} {mode:>8}: {seconds * 1e3:10.2f} ms/step")
-        return row
 
-    def serial(net, X, y, sizes, batch, steps, warmup=config.warmup):
-        kw = _kwargs(sizes, batch, config)
-        with threadpool_limits(1):
-            t = SerialTrainer(**kw).fit(X, y, steps=steps + warmup)
-        return record(net, sizes, batch, "-", "serial", _median_interval(t.history_["time"].values, warmup))
-
-    def npt(net, X, y, sizes, batch, grid, mode, steps, warmup=config.warmup):
-        kw = _kwargs(sizes, batch, config)
-        t = NPTTrainer(**kw, grid=grid, mode=mode, share_workers=True, client=client, timeout=600.0)
-        t.fit(X, y, steps=steps + warmup)
-        h = t.history_
-        extra = {
-            "compute_time": float(np.nanmedian(h["compute_time"].values[warmup:])),
-            "comm_time": float(np.nanmedian(h["comm_time"].values[warmup:])),
-            "bytes_moved": float(np.nanmedian(h["bytes_moved"].values[warmup:])),
-        }
-        if grid == "auto":
-            grid, mode = f"{t.grid_.rows}x{t.grid_.cols}", f"auto-{t.mode_}"
-        return record(net, sizes, batch, grid, mode, _median_interval(h["time"].values, warmup), extra)
-
-    def peer(net, X, y, sizes, batch, grid, steps, warmup=config.warmup):
-        from daskann.data import BatchOrder
-        from daskann.nn import MLP
-        from daskann.npt.peer import DaskArrayPeer
-
-        kw = _kwargs(sizes, batch, config)
-        settings = SerialTrainer(**kw)._check_settings()
-        model = MLP((sizes[0], *sizes[1:-1], sizes[-1]), dtype=config.dtype, seed=config.seed)
-        order = BatchOrder(X.shape[0], batch, seed=config.seed, shuffle=True)
-        r, c = (int(v) for v in grid.split("x"))
-        out = DaskArrayPeer(client, (r, c), settings).fit(model, X, y, order, steps + warmup)
-        return record(net, sizes, batch, grid, "dask", _median_interval(out["times"], warmup))
-
-    # -- paper-scale nets over the process count --------------------------------------
-    for net in config.nets:
-        spec = PAPER_NETS[net]
-        sizes = (spec["n_features"], *spec["hidden"], spec["n_outputs"])
-        X, y = make_linear(config.n_samples, spec["n_features"], spec["n_outputs"], seed=config.seed,
-                           dtype=config.dtype)
-        log(f"{net}: sizes {sizes}, batch {config.batch_size}")
-        serial(net, X, y, sizes, config.batch_size, config.serial_steps)
+def _paper_nets(run: _Sweep, cost) -> None:
+    """The paper-scale nets over the process count, in every mode, then the grid ``"auto"`` picks."""
+    config = run.config
+    for name in config.nets:
+        spec = PAPER_NETS[name]
+        X, y = make_linear(
+            config.n_samples, spec["n_features"], spec["n_outputs"], seed=config.seed, dtype=config.dtype
+        )
+        net = _Net(name, (spec["n_features"], *spec["hidden"], spec["n_outputs"]), X, y, config.batch_size)
+        run.log(f"{name}: sizes {net.sizes}, batch {net.batch}")
+        run.serial(net, config.serial_steps)
         for grid in config.grids:
-            if "resident" in modes:
-                npt(net, X, y, sizes, config.batch_size, grid, "resident", config.resident_steps)
-            if "graph" in modes:
-                npt(net, X, y, sizes, config.batch_size, grid, "graph", config.graph_steps)
-            if "dask" in modes:
-                peer(net, X, y, sizes, config.batch_size, grid, config.peer_steps)
-        plans[net] = _auto_choice(cost, sizes, config.batch_size, n_workers, resident_available(), config.dtype)
+            if "resident" in run.modes:
+                run.npt(net, grid, "resident", config.resident_steps)
+            if "graph" in run.modes:
+                run.npt(net, grid, "graph", config.graph_steps)
+            if "dask" in run.modes:
+                run.peer(net, grid, config.peer_steps)
+        plan = run.plan(cost, net)
         if "auto" in config.modes:
-            steps = config.resident_steps if plans[net]["mode"] == "resident" else config.graph_steps
-            npt(net, X, y, sizes, config.batch_size, "auto", "auto", steps)
+            run.npt(net, "auto", "auto", config.resident_steps if plan["mode"] == "resident" else config.graph_steps)
 
-    # -- the large net on 2x2 ---------------------------------------------------------
-    if config.large_width:
-        w = config.large_width
-        sizes = (w, w, w)
-        X, y = make_linear(max(2 * config.large_batch, config.large_batch), w, w, seed=config.seed, dtype=config.dtype)
-        net = f"large-{w}"
-        log(f"{net}: sizes {sizes}, batch {config.large_batch}")
-        warm = config.large_warmup
-        serial(net, X, y, sizes, config.large_batch, config.large_steps, warm)
-        if "graph" in modes:
-            npt(net, X, y, sizes, config.large_batch, "2x2", "graph", config.large_steps, warm)
-        if "dask" in modes:
-            peer(net, X, y, sizes, config.large_batch, "2x2", config.large_steps, warm)
-        plans[net] = _auto_choice(cost, sizes, config.large_batch, n_workers, resident_available(), config.dtype)
-        if "auto" in config.modes and (plans[net]["grid"], plans[net]["mode"]) != ("2x2", "graph"):
-            npt(net, X, y, sizes, config.large_batch, "auto", "auto", config.large_steps, warm)
-        del X, y
 
-    # -- resident mode against serial over the width, on 2x2 ------------------------------
-    if config.widths and "resident" in modes:
-        for w in config.widths:
-            sizes = (w, w, w, 16)
-            net = f"width-{w}"
-            X, y = make_linear(max(4 * config.width_batch, 1024), w, 16, seed=config.seed, dtype=config.dtype)
-            log(f"{net}: sizes {sizes}, batch {config.width_batch}")
-            serial(net, X, y, sizes, config.width_batch, max(config.resident_steps // 2, 5))
-            npt(net, X, y, sizes, config.width_batch, "2x2", "resident", max(config.resident_steps // 2, 5))
+def _large_net(run: _Sweep, cost) -> None:
+    """The large net on 2x2: graph mode against the dask.array peer and serial."""
+    config = run.config
+    if not config.large_width:
+        return
+    w = config.large_width
+    X, y = make_linear(2 * config.large_batch, w, w, seed=config.seed, dtype=config.dtype)
+    net = _Net(f"large-{w}", (w, w, w), X, y, config.large_batch)
+    run.log(f"{net.name}: sizes {net.sizes}, batch {net.batch}")
+    steps, warm = config.large_steps, config.large_warmup
+    run.serial(net, steps, warm)
+    if "graph" in run.modes:
+        run.npt(net, "2x2", "graph", steps, warm)
+    if "dask" in run.modes:
+        run.peer(net, "2x2", steps, warm)
+    plan = run.plan(cost, net)
+    if "auto" in config.modes and (plan["grid"], plan["mode"]) != ("2x2", "graph"):
+        run.npt(net, "auto", "auto", steps, warm)
 
-    _derive(table)
-    checks = _checks(table, plans)
-    return {"table": table, "checks": checks, "machine": machine_info(client), "config": asdict(config),
-            "plans": plans, "cost_model": cost.to_dict()}
+
+def _width_sweep(run: _Sweep) -> None:
+    """Resident mode against serial over the width of two-hidden-layer nets, on 2x2."""
+    config = run.config
+    if not config.widths or "resident" not in run.modes:
+        return
+    steps = max(config.resident_steps // 2, 5)
+    for w in config.widths:
+        X, y = make_linear(max(4 * config.width_batch, 1024), w, 16, seed=config.seed, dtype=config.dtype)
+        net = _Net(f"width-{w}", (w, w, w, 16), X, y, config.width_batch)
+        run.log(f"{net.name}: sizes {net.sizes}, batch {net.batch}")
+        run.serial(net, steps)
+        run.npt(net, "2x2", "resident", steps)
 
 
 def _kwargs(sizes, batch, config: BenchConfig) -> dict:
-    return {"hidden_sizes": tuple(sizes[1:-1]), "lr": 0.01, "momentum": 0.9, "batch_size": batch,
-            "seed": config.seed, "dtype": config.dtype, "loss": "mse"}
+    return {
+        "hidden_sizes": tuple(sizes[1:-1]),
+        "lr": 0.01,
+        "momentum": 0.9,
+        "batch_size": batch,
+        "seed": config.seed,
+        "dtype": config.dtype,
+        "loss": "mse",
+    }
 
 
 def _auto_choice(cost, sizes, batch, n_workers, resident, dtype) -> dict:
     from daskann.npt import costmodel
 
-    shape, mode, table = costmodel.choose_grid(cost, sizes, batch, n_workers=n_workers, resident_available=resident,
-                                               itemsize=np.dtype(dtype).itemsize)
+    shape, mode, table = costmodel.choose_grid(
+        cost, sizes, batch, n_workers=n_workers, resident_available=resident, itemsize=np.dtype(dtype).itemsize
+    )
     return {"grid": f"{shape[0]}x{shape[1]}", "mode": mode, "table": table}
 
 
@@ -275,70 +352,110 @@ def _derive(table: list[dict]) -> None:
 
 def _checks(table: list[dict], plans: dict) -> dict:
     """The issue's benchmark targets, from this run's table."""
-    checks = {}
     rows = {(r["net"], r["grid"], r["mode"]): r for r in table}
-    large = [r for r in table if r["net"].startswith("large-") and r["mode"] == "graph"
-             and (r["net"], "2x2", "dask") in rows]  # the ratio needs the peer in the same run
+    checks = {}
+    large = _check_large(table, rows)
     if large:
-        r = large[0]
-        checks["large_graph_vs_peer"] = {"value": r["vs_peer"], "target": "<= 0.8", "met": bool(r["vs_peer"] <= 0.8),
-                                         "graph_s": r["time_per_step"],
-                                         "peer_s": rows.get((r["net"], "2x2", "dask"), {}).get("time_per_step"),
-                                         "serial_s": r["time_per_step"] * r["speedup"]}
+        checks["large_graph_vs_peer"] = large
+    checks.update(_check_resident(table, rows))
+    widths = _check_widths(table)
+    if widths:
+        checks["resident_beats_serial_width"] = widths
+    checks["grid_auto"] = {net: a for net, plan in plans.items() if (a := _check_auto(table, rows, net, plan))}
+    return checks
+
+
+def _check_large(table: list[dict], rows: dict) -> dict | None:
+    """The large net's graph mode against the dask.array peer (which must be in the same run)."""
+    large = [
+        r for r in table if r["net"].startswith("large-") and r["mode"] == "graph" and (r["net"], "2x2", "dask") in rows
+    ]
+    if not large:
+        return None
+    r = large[0]
+    return {
+        "value": r["vs_peer"],
+        "target": "<= 0.8",
+        "met": bool(r["vs_peer"] <= 0.8),
+        "graph_s": r["time_per_step"],
+        "peer_s": rows.get((r["net"], "2x2", "dask"), {}).get("time_per_step"),
+        "serial_s": r["time_per_step"] * r["speedup"],
+    }
+
+
+def _check_resident(table: list[dict], rows: dict) -> dict:
+    """Graph over resident time per step on every grid but 1x1, and resident against serial on 2x2."""
     ratios = {}
     for net in PAPER_NETS:
         for grid in {r["grid"] for r in table if r["net"] == net and r["mode"] == "resident"}:
             g, res = rows.get((net, grid, "graph")), rows.get((net, grid, "resident"))
             if g and res and grid != "1x1":
                 ratios[f"{net} {grid}"] = g["time_per_step"] / res["time_per_step"]
-    if ratios:
-        worst = min(ratios.values())
-        checks["resident_vs_graph"] = {"ratios": ratios, "min": worst, "target": ">= 10", "met": bool(worst >= 10)}
-        checks["resident_vs_serial"] = {
-            f"{net} {grid}": {
-                "ratio": rows[(net, grid, "resident")]["vs_serial"],
-                "step_s": rows[(net, grid, "resident")]["time_per_step"],
+    if not ratios:
+        return {}
+    worst = min(ratios.values())
+    vs_serial = {}
+    for net in PAPER_NETS:
+        res = rows.get((net, "2x2", "resident"))
+        if res is not None:
+            # where a resident step goes (the slowest worker): arithmetic, and messaging plus waiting
+            vs_serial[f"{net} 2x2"] = {
+                "ratio": res["vs_serial"],
+                "step_s": res["time_per_step"],
                 "serial_s": rows[(net, "-", "serial")]["time_per_step"],
-                # where a resident step goes (the slowest worker): arithmetic, and messaging plus waiting
-                "compute_s": rows[(net, grid, "resident")].get("compute_time"),
-                "comm_s": rows[(net, grid, "resident")].get("comm_time"),
-                "bytes_moved": rows[(net, grid, "resident")].get("bytes_moved"),
+                "compute_s": res.get("compute_time"),
+                "comm_s": res.get("comm_time"),
+                "bytes_moved": res.get("bytes_moved"),
             }
-            for net in PAPER_NETS for grid in ("2x2",) if (net, grid, "resident") in rows
-        }
-    widths = sorted((int(r["net"].split("-")[1]), r) for r in table
-                    if r["net"].startswith("width-") and r["mode"] == "resident")
-    if widths:
-        beats = [w for w, r in widths if r["vs_serial"] < 1.0]
-        checks["resident_beats_serial_width"] = {
-            "smallest_width": beats[0] if beats else None,
-            "ratios": {w: r["vs_serial"] for w, r in widths},
-        }
-    auto = {}
-    for net, plan in plans.items():
-        measured = [r for r in table if r["net"] == net and r["mode"] in ("graph", "resident")]
-        serial = [r for r in table if r["net"] == net and r["mode"] == "serial"]
-        if not measured:
-            continue
-        best = min(measured, key=lambda r: r["time_per_step"])
-        # the auto run itself when there is one, else the sweep's row for the predicted grid and mode
-        pick = next((r for r in table if r["net"] == net and r["mode"].startswith("auto-")), None) \
-            or rows.get((net, plan["grid"], plan["mode"]))
-        within = pick is not None and pick["time_per_step"] <= 1.1 * best["time_per_step"]
-        no_grid_pays = bool(serial) and all(r["time_per_step"] >= serial[0]["time_per_step"]
-                                            for r in measured if r["cells"] > 1)
-        auto[net] = {"pick": f"{plan['grid']} {plan['mode']}", "pick_s": pick["time_per_step"] if pick else None,
-                     "best": f"{best['grid']} {best['mode']}", "best_s": best["time_per_step"],
-                     "within_10pct": bool(within), "no_grid_pays": no_grid_pays,
-                     "single_worker_when_no_grid_pays": (plan["grid"] == "1x1") if no_grid_pays else None}
-    checks["grid_auto"] = auto
-    return checks
+    return {
+        "resident_vs_graph": {"ratios": ratios, "min": worst, "target": ">= 10", "met": bool(worst >= 10)},
+        "resident_vs_serial": vs_serial,
+    }
+
+
+def _check_widths(table: list[dict]) -> dict | None:
+    """The smallest width at which resident 2x2 beats serial."""
+    widths = sorted(
+        (int(r["net"].split("-")[1]), r) for r in table if r["net"].startswith("width-") and r["mode"] == "resident"
+    )
+    if not widths:
+        return None
+    beats = [w for w, r in widths if r["vs_serial"] < 1.0]
+    return {"smallest_width": beats[0] if beats else None, "ratios": {w: r["vs_serial"] for w, r in widths}}
+
+
+def _check_auto(table: list[dict], rows: dict, net: str, plan: dict) -> dict | None:
+    """Whether ``grid="auto"`` picked within 10% of the best measured grid and mode of ``net``."""
+    measured = [r for r in table if r["net"] == net and r["mode"] in ("graph", "resident")]
+    serial = [r for r in table if r["net"] == net and r["mode"] == "serial"]
+    if not measured:
+        return None
+    best = min(measured, key=lambda r: r["time_per_step"])
+    # the auto run itself when there is one, else the sweep's row for the predicted grid and mode
+    pick = next((r for r in table if r["net"] == net and r["mode"].startswith("auto-")), None) or rows.get(
+        (net, plan["grid"], plan["mode"])
+    )
+    within = pick is not None and pick["time_per_step"] <= 1.1 * best["time_per_step"]
+    no_grid_pays = bool(serial) and all(
+        r["time_per_step"] >= serial[0]["time_per_step"] for r in measured if r["cells"] > 1
+    )
+    return {
+        "pick": f"{plan['grid']} {plan['mode']}",
+        "pick_s": pick["time_per_step"] if pick else None,
+        "best": f"{best['grid']} {best['mode']}",
+        "best_s": best["time_per_step"],
+        "within_10pct": bool(within),
+        "no_grid_pays": no_grid_pays,
+        "single_worker_when_no_grid_pays": (plan["grid"] == "1x1") if no_grid_pays else None,
+    }
 
 
 # -- output ---------------------------------------------------------------------------
 def format_table(table: list[dict]) -> str:
-    head = f"{'net':>15} {'sizes':>16} {'batch':>5} {'grid':>5} {'p':>2} {'mode':>8} {'ms/step':>10} " \
-           f"{'speedup':>8} {'E':>6} {'vs peer':>8} {'vs serial':>9}"
+    head = (
+        f"{'net':>15} {'sizes':>16} {'batch':>5} {'grid':>5} {'p':>2} {'mode':>8} {'ms/step':>10} "
+        f"{'speedup':>8} {'E':>6} {'vs peer':>8} {'vs serial':>9}"
+    )
     lines = [head]
     for r in table:
         lines.append(
@@ -374,29 +491,69 @@ def write_outputs(result: dict, out_dir) -> dict:
             columns[key] = ("row", np.array(values, dtype=np.dtypes.StringDType()))
         else:
             columns[key] = ("row", np.array([np.nan if v is None else v for v in values], dtype=float))
-    ds = xr.Dataset(columns, coords={"row": np.arange(len(table))},
-                    attrs={"machine": json.dumps(clean_json(result["machine"])),
-                           "checks": json.dumps(clean_json(result["checks"]))})
+    ds = xr.Dataset(
+        columns,
+        coords={"row": np.arange(len(table))},
+        attrs={
+            "machine": json.dumps(clean_json(result["machine"])),
+            "checks": json.dumps(clean_json(result["checks"])),
+        },
+    )
     paths["zarr"] = store.save_history(ds, out / "bench-npt.zarr")
     paths.update(plot(table, out))
     return paths
+
+
+#: the plots: metric, axis label, title
+_PLOTS = (
+    ("time_per_step", "time per step (s)", "NPT: time per step against p (thin dashed: serial)"),
+    ("speedup", "speedup T1/Tp", "NPT: speedup T1/Tp against p (dotted: ideal, p)"),
+    ("efficiency", "efficiency T1/(p Tp)", "NPT: efficiency T1/(p Tp) against p"),
+)
+#: line style and marker per mode; the auto runs get a star
+_STYLES = {"graph": ("-", "o"), "resident": ("--", "s"), "dask": (":", "^")}
 
 
 def plot(table: list[dict], out_dir) -> dict:
     """PNG plots of time per step, speedup and efficiency against ``p`` (matplotlib, imported here).
 
     One colour per net, one line style per mode; serial training is the
-    dashed horizontal line of its net's colour on the time plot.
+    dashed horizontal line of its net's colour on the time plot. The ``p``
+    axis is log2 with a tick at each measured cell count.
     """
     from pathlib import Path
 
-    import matplotlib
+    from daskann import _plotting
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = Path(out_dir)
+    series, serial = _plot_series(table)
+    colours = {net: _plotting.colour(k) for k, net in enumerate(dict.fromkeys(net for net, _ in series))}
     paths = {}
+    for metric, label, title in _PLOTS:
+        fig, (ax,) = _plotting.figure(size=(9.0, 4.8))
+        for (net, mode), rows in sorted(series.items()):
+            line, marker = _STYLES.get(mode, ("none", "*"))
+            ax.plot(
+                [r["cells"] for r in rows],
+                [r[metric] for r in rows],
+                linestyle=line,
+                marker=marker,
+                markersize=9 if marker == "*" else 5,
+                color=colours[net],
+                label=f"{net} {mode}",
+            )
+        _plot_references(ax, metric, series, serial, colours)
+        _plotting.count_axis(ax, [r["cells"] for rows in series.values() for r in rows])
+        ax.set_xlabel("grid cells (process count p)")
+        ax.set_ylabel(label)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        fig.legend(loc="outside right upper", fontsize=7)
+        paths[metric] = _plotting.save(fig, Path(out_dir) / f"bench-npt-{metric}.png", dpi=110)
+    return paths
+
+
+def _plot_series(table: list[dict]) -> tuple[dict, dict]:
+    """Rows per ``(net, mode)`` sorted by cell count, and serial time per net (width sweep left out)."""
     series, serial = {}, {}
     for r in table:
         if r["net"].startswith("width-"):
@@ -405,36 +562,29 @@ def plot(table: list[dict], out_dir) -> dict:
             serial[r["net"]] = r["time_per_step"]
         else:
             series.setdefault((r["net"], r["mode"]), []).append(r)
-    nets = list(dict.fromkeys(net for net, _ in series))
-    colours = {net: plt.get_cmap("tab10")(k % 10) for k, net in enumerate(nets)}
-    styles = {"graph": ("-", "o"), "resident": ("--", "s"), "dask": (":", "^")}
-    for metric, label, log in (("time_per_step", "time per step (s)", True), ("speedup", "speedup T1/Tp", True),
-                               ("efficiency", "efficiency T1/(p Tp)", False)):
-        fig, ax = plt.subplots(figsize=(7.5, 4.8))
-        for (net, mode), rows in sorted(series.items()):
-            rows = sorted(rows, key=lambda r: (r["cells"], r["grid"]))
-            line, marker = styles.get(mode, ("none", "*"))
-            ax.plot([r["cells"] for r in rows], [r[metric] for r in rows], linestyle=line, marker=marker,
-                    markersize=9 if marker == "*" else 5, color=colours[net], label=f"{net} {mode}")
-        if metric == "time_per_step":
-            for net, t1 in serial.items():
-                if net in colours:
-                    ax.axhline(t1, color=colours[net], lw=0.8, ls=(0, (6, 3)), alpha=0.7)
-        else:
-            ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-        ax.set_xlabel("grid cells (process count p)")
-        ax.set_ylabel(label)
-        ax.set_xscale("log", base=2)
-        if log:
-            ax.set_yscale("log")
-        ax.legend(fontsize=6.5, ncol=2)
-        ax.set_title(f"NPT: {label} against p" + (" (thin dashed: serial)" if metric == "time_per_step" else ""))
-        fig.tight_layout()
-        path = out / f"bench-npt-{metric}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths[metric] = path
-    return paths
+    return {key: sorted(rows, key=lambda r: (r["cells"], r["grid"])) for key, rows in series.items()}, serial
+
+
+def _plot_references(ax, metric: str, series: dict, serial: dict, colours: dict) -> None:
+    """Serial times, the ideal speedup and the line at 1; the y axis to fit them and the data."""
+    from daskann import _plotting
+
+    values = [r[metric] for rows in series.values() for r in rows]
+    ideal = dict(sorted({r["cells"]: r["p"] for rows in series.values() for r in rows}.items()))
+    if metric == "time_per_step":
+        for net, t1 in serial.items():
+            if net in colours:
+                ax.axhline(t1, color=colours[net], lw=0.8, ls=(0, (6, 3)), alpha=0.7)
+        _plotting.log_axis(ax, values, include=[t for net, t in serial.items() if net in colours])
+        return
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    if metric == "speedup":
+        # the ideal speedup is the number of worker processes, which grids larger than the cluster share
+        ax.plot(list(ideal), list(ideal.values()), color="grey", lw=0.8, ls=":")
+        _plotting.log_axis(ax, values, include=[1.0, *ideal.values()])
+    else:
+        finite = [v for v in values if v is not None and np.isfinite(v)]
+        ax.set_ylim(0.0, 1.05 * max([1.0, *finite]))
 
 
 def clean_json(value):
@@ -457,31 +607,43 @@ def format_checks(checks: dict) -> str:
     lines = []
     c = checks.get("large_graph_vs_peer")
     if c:
-        lines.append(f"large net, 2x2 graph / dask.array peer: {c['value']:.3g} (target {c['target']}: "
-                     f"{'met' if c['met'] else 'NOT met'}); graph {c['graph_s']:.3g} s, peer {c['peer_s']:.3g} s, "
-                     f"serial {c['serial_s']:.3g} s per step")
+        lines.append(
+            f"large net, 2x2 graph / dask.array peer: {c['value']:.3g} (target {c['target']}: "
+            f"{'met' if c['met'] else 'NOT met'}); graph {c['graph_s']:.3g} s, peer {c['peer_s']:.3g} s, "
+            f"serial {c['serial_s']:.3g} s per step"
+        )
     c = checks.get("resident_vs_graph")
     if c:
-        lines.append(f"resident vs graph at paper scale: min {c['min']:.3g}x (target {c['target']}: "
-                     f"{'met' if c['met'] else 'NOT met'}); "
-                     + ", ".join(f"{k} {v:.3g}x" for k, v in c["ratios"].items()))
+        lines.append(
+            f"resident vs graph at paper scale: min {c['min']:.3g}x (target {c['target']}: "
+            f"{'met' if c['met'] else 'NOT met'}); " + ", ".join(f"{k} {v:.3g}x" for k, v in c["ratios"].items())
+        )
     c = checks.get("resident_vs_serial")
     if c:
         for k, v in c.items():
-            lines.append(f"resident / serial at paper scale, {k}: {v['ratio']:.3g} ({v['step_s'] * 1e3:.3g} ms "
-                         f"against {v['serial_s'] * 1e3:.3g} ms per step; of a resident step "
-                         f"{_fmt(v['compute_s'] and v['compute_s'] * 1e3)} ms arithmetic, "
-                         f"{_fmt(v['comm_s'] and v['comm_s'] * 1e3)} ms messages and waiting, "
-                         f"{_fmt(v['bytes_moved'])} bytes moved)")
+            lines.append(
+                f"resident / serial at paper scale, {k}: {v['ratio']:.3g} ({v['step_s'] * 1e3:.3g} ms "
+                f"against {v['serial_s'] * 1e3:.3g} ms per step; of a resident step "
+                f"{_fmt(v['compute_s'] and v['compute_s'] * 1e3)} ms arithmetic, "
+                f"{_fmt(v['comm_s'] and v['comm_s'] * 1e3)} ms messages and waiting, "
+                f"{_fmt(v['bytes_moved'])} bytes moved)"
+            )
     c = checks.get("resident_beats_serial_width")
     if c:
-        lines.append(f"smallest width where resident 2x2 beats serial: {c['smallest_width']} "
-                     f"(resident/serial by width: " + ", ".join(f"{k}: {v:.3g}" for k, v in c["ratios"].items()) + ")")
+        lines.append(
+            f"smallest width where resident 2x2 beats serial: {c['smallest_width']} "
+            f"(resident/serial by width: " + ", ".join(f"{k}: {v:.3g}" for k, v in c["ratios"].items()) + ")"
+        )
     for net, a in checks.get("grid_auto", {}).items():
-        lines.append(f"grid='auto' for {net}: picked {a['pick']} ({_fmt(a['pick_s'])} s), best measured {a['best']} "
-                     f"({_fmt(a['best_s'])} s): within 10% {a['within_10pct']}"
-                     + (f"; no grid pays, single worker picked: {a['single_worker_when_no_grid_pays']}"
-                        if a["no_grid_pays"] else ""))
+        lines.append(
+            f"grid='auto' for {net}: picked {a['pick']} ({_fmt(a['pick_s'])} s), best measured {a['best']} "
+            f"({_fmt(a['best_s'])} s): within 10% {a['within_10pct']}"
+            + (
+                f"; no grid pays, single worker picked: {a['single_worker_when_no_grid_pays']}"
+                if a["no_grid_pays"]
+                else ""
+            )
+        )
     return "\n".join(lines)
 
 
@@ -489,6 +651,14 @@ def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3g}"
 
 
-__all__ = ["BenchConfig", "PAPER_NETS", "clean_json", "format_checks", "format_table", "machine_info", "plot",
-           "run_bench",
-           "write_outputs"]
+__all__ = [
+    "BenchConfig",
+    "PAPER_NETS",
+    "clean_json",
+    "format_checks",
+    "format_table",
+    "machine_info",
+    "plot",
+    "run_bench",
+    "write_outputs",
+]

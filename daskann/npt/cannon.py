@@ -68,7 +68,7 @@ def refine(a_bounds, b_bounds) -> list[tuple[int, int, int, int]]:
     """Common refinement of two partitions of one axis: ``(ia, ib, start, stop)``."""
     cuts = sorted({a for a, _ in a_bounds} | {b for b, _ in b_bounds} | {a_bounds[-1][1]})
     segments = []
-    for lo, hi in zip(cuts[:-1], cuts[1:]):
+    for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
         ia = next(k for k, (a, b) in enumerate(a_bounds) if a <= lo < b)
         ib = next(k for k, (a, b) in enumerate(b_bounds) if a <= lo < b)
         segments.append((ia, ib, lo, hi))
@@ -155,8 +155,18 @@ def add_product(
                 specs = []
                 for terms in steps:
                     specs += _term_specs(terms, a, b, ref, trans_a, trans_b, block_shape, owner, ledger)
-                builder.add(out_key, _kernels.block_product, None, specs, block_shape, dtype, None,
-                            block_epilogue, extra_specs, owner=owner)
+                builder.add(
+                    out_key,
+                    _kernels.block_product,
+                    None,
+                    specs,
+                    block_shape,
+                    dtype,
+                    None,
+                    block_epilogue,
+                    extra_specs,
+                    owner=owner,
+                )
                 line.append(Block(out_key, block_shape))
                 continue
             n_chains = min(chains, len(steps))
@@ -167,18 +177,49 @@ def add_product(
                 last_of_all = pos == len(steps) - 1
                 acc = ref(heads[chain]) if heads[chain] is not None else None
                 if last_of_all and n_chains == 1:
-                    key = builder.add(out_key, _kernels.block_product, acc, specs, block_shape, dtype,
-                                      None, block_epilogue, extra_specs, owner=owner)
+                    key = builder.add(
+                        out_key,
+                        _kernels.block_product,
+                        acc,
+                        specs,
+                        block_shape,
+                        dtype,
+                        None,
+                        block_epilogue,
+                        extra_specs,
+                        owner=owner,
+                    )
                 else:
-                    key = builder.add(f"{out_key}-k{pos}", _kernels.block_product, acc, specs, block_shape, dtype,
-                                      owner=owner)
+                    key = builder.add(
+                        f"{out_key}-k{pos}", _kernels.block_product, acc, specs, block_shape, dtype, owner=owner
+                    )
                 heads[chain] = key
             if n_chains == 2:
-                builder.add(out_key, _kernels.block_product, ref(heads[0]), [], block_shape, dtype,
-                            ref(heads[1]), block_epilogue, extra_specs, owner=owner)
+                builder.add(
+                    out_key,
+                    _kernels.block_product,
+                    ref(heads[0]),
+                    [],
+                    block_shape,
+                    dtype,
+                    ref(heads[1]),
+                    block_epilogue,
+                    extra_specs,
+                    owner=owner,
+                )
             elif not steps:
-                builder.add(out_key, _kernels.block_product, None, [], block_shape, dtype,
-                            None, block_epilogue, extra_specs, owner=owner)
+                builder.add(
+                    out_key,
+                    _kernels.block_product,
+                    None,
+                    [],
+                    block_shape,
+                    dtype,
+                    None,
+                    block_epilogue,
+                    extra_specs,
+                    owner=owner,
+                )
             line.append(Block(out_key, block_shape))
         blocks.append(line)
     return GridMatrix(grid, shape, np.dtype(dtype), list(out_rows), list(out_cols), blocks)
@@ -189,9 +230,15 @@ def _term_specs(terms, a, b, ref, trans_a, trans_b, block_shape, owner, ledger) 
     for t in terms:
         ab = a.blocks[t.a_index[0]][t.a_index[1]]
         bb = b.blocks[t.b_index[0]][t.b_index[1]]
-        specs.append((ab.spec(ref(ab.key), t.a_window, a.transform), trans_a,
-                      bb.spec(ref(bb.key), t.b_window, b.transform), trans_b,
-                      _full_or(t.out_window, block_shape)))
+        specs.append(
+            (
+                ab.spec(ref(ab.key), t.a_window, a.transform),
+                trans_a,
+                bb.spec(ref(bb.key), t.b_window, b.transform),
+                trans_b,
+                _full_or(t.out_window, block_shape),
+            )
+        )
         if ledger is not None:
             ledger.fetch(ab.key, a.owner(*t.a_index), owner, _nbytes(ab, a.dtype))
             ledger.fetch(bb.key, b.owner(*t.b_index), owner, _nbytes(bb, b.dtype))
@@ -269,8 +316,11 @@ def matmul(a, b, *, grid=None, client=None, trans_a: bool = False, trans_b: bool
     a_cols = a.shape[0] if trans_a else a.shape[1]
     b_rows = b.shape[1] if trans_b else b.shape[0]
     if a_cols != b_rows:
-        raise invalid("b", f"matrix of shape {b.shape}",
-                      f"{'columns' if trans_b else 'rows'} matching the {a_cols} inner dimension of op(a)")
+        raise invalid(
+            "b",
+            f"matrix of shape {b.shape}",
+            f"{'columns' if trans_b else 'rows'} matching the {a_cols} inner dimension of op(a)",
+        )
     name = f"daskann-npt-{uuid.uuid4().hex[:12]}-matmul"
     builder = GraphBuilder(client, name)
     out = add_product(builder, a, b, name=name, trans_a=trans_a, trans_b=trans_b, chains=chains)

@@ -11,6 +11,7 @@ from daskann._cli_common import (
     _int_list,
     cli_errors,
     cluster_options,
+    connect,
     data_options,
     output_options,
     run_training,
@@ -20,10 +21,7 @@ from daskann.npt.trainer import MODES, PIPELINES
 
 
 def _connect(opts: dict, *, quiet: bool):
-    from daskann.cluster import client
-
-    return client(address=opts.get("address"), profile=opts.get("profile"), n_workers=opts.get("workers"),
-                  quiet=quiet)
+    return connect(opts, quiet=quiet)
 
 
 def npt_summary(trainer) -> dict:
@@ -54,15 +52,30 @@ def _nanmedian(values):
 @data_options
 @output_options
 @cluster_options
-@click.option("--grid", default="auto", show_default=True,
-              help="Process grid: 'auto' (cost model), 'RxC' such as 2x2 or 2x4, or Q for QxQ.")
-@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
-              help="graph: a task per block product; resident: one long-lived task per worker.")
+@click.option(
+    "--grid",
+    default="auto",
+    show_default=True,
+    help="Process grid: 'auto' (cost model), 'RxC' such as 2x2 or 2x4, or Q for QxQ.",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    default="auto",
+    show_default=True,
+    help="graph: a task per block product; resident: one long-lived task per worker.",
+)
 @click.option("--share-workers", is_flag=True, help="Allow a grid with more cells than workers.")
-@click.option("--pipeline", type=click.Choice(PIPELINES), default="auto", show_default=True,
-              help="Graph mode: tasks per output block (fused, single chain, double-buffered).")
-@click.option("--timeout", type=float, default=120.0, show_default=True,
-              help="Seconds without progress before training fails.")
+@click.option(
+    "--pipeline",
+    type=click.Choice(PIPELINES),
+    default="auto",
+    show_default=True,
+    help="Graph mode: tasks per output block (fused, single chain, double-buffered).",
+)
+@click.option(
+    "--timeout", type=float, default=120.0, show_default=True, help="Seconds without progress before training fails."
+)
 @cli_errors
 def train_command(**opts):
     """Network-parallel training: Cannon block products on a grid of workers."""
@@ -73,22 +86,44 @@ def train_command(**opts):
     try:
         run_training(
             lambda settings, data: NPTTrainer(
-                **settings, grid=opts["grid"], mode=opts["mode"], share_workers=opts["share_workers"],
-                pipeline=opts["pipeline"], timeout=opts["timeout"], client=client,
+                **settings,
+                grid=opts["grid"],
+                mode=opts["mode"],
+                share_workers=opts["share_workers"],
+                pipeline=opts["pipeline"],
+                timeout=opts["timeout"],
+                client=client,
             ),
-            opts, method="npt", extra=npt_summary,
+            opts,
+            method="npt",
+            extra=npt_summary,
         )
     finally:
         close(client)
 
 
 @click.command("plan")
-@click.option("--hidden", default="64", show_default=True, callback=_int_list, help="Hidden layer widths.")
+@click.option(
+    "--hidden", default="64", show_default=True, callback=_int_list, help="Hidden layer widths, comma-separated."
+)
 @click.option("--n-features", type=int, default=64, show_default=True, help="Input width.")
 @click.option("--n-outputs", type=int, default=10, show_default=True, help="Output width.")
-@click.option("--batch-size", type=int, default=64, show_default=True)
-@click.option("--dtype", type=click.Choice(["float64", "float32"]), default="float64", show_default=True)
-@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True)
+@click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per training step.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float64", "float32"]),
+    default="float64",
+    show_default=True,
+    help="Floating-point type (sets the bytes each message moves).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    default="auto",
+    show_default=True,
+    help="Mode each grid is ranked by: graph, resident, or auto (the cost model picks per grid, as "
+    "NPTTrainer does); the table shows both modes' times either way.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the cost model and table as JSON.")
 @cluster_options
 @cli_errors
@@ -98,8 +133,8 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
 
     from daskann._validation import check_hidden_sizes, check_int
     from daskann.cluster import close
-    from daskann.npt.grid import live_workers
     from daskann.npt import costmodel
+    from daskann.npt.grid import live_workers
     from daskann.npt.trainer import resident_available
 
     sizes = (check_int("n_features", n_features), *check_hidden_sizes(hidden), check_int("n_outputs", n_outputs))
@@ -108,19 +143,39 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     try:
         model = costmodel.measure(client)
         n_workers = len(live_workers(client))
-        table = model.plan(sizes, batch_size, n_workers=n_workers, mode=mode,
-                           resident_available=resident_available(), itemsize=np.dtype(dtype).itemsize)
+        table = model.plan(
+            sizes,
+            batch_size,
+            n_workers=n_workers,
+            mode=mode,
+            resident_available=resident_available(),
+            itemsize=np.dtype(dtype).itemsize,
+        )
     finally:
         close(client)
     if as_json:
-        click.echo(json.dumps(_clean({"sizes": list(sizes), "batch_size": batch_size, "workers": n_workers,
-                               "cost_model": model.to_dict(), "table": table}), indent=2))
+        click.echo(
+            json.dumps(
+                _clean(
+                    {
+                        "sizes": list(sizes),
+                        "batch_size": batch_size,
+                        "workers": n_workers,
+                        "cost_model": model.to_dict(),
+                        "table": table,
+                    }
+                ),
+                indent=2,
+            )
+        )
         return
     click.echo(f"net {'-'.join(map(str, sizes))}, batch {batch_size}, {dtype}, on {n_workers} workers")
-    click.echo(f"measured: {model.rate(1) / 1e9:.3g} GFLOP/s per worker alone, "
-               f"{model.rate(n_workers) / 1e9:.3g} with all {n_workers} busy; "
-               f"{model.task_cost * 1e3:.3g} ms per task, {model.task_latency * 1e3:.3g} ms per dependent hop; "
-               f"messages {model.latency * 1e3:.3g} ms + {model.bandwidth / 2**30:.3g} GiB/s")
+    click.echo(
+        f"measured: {model.rate(1) / 1e9:.3g} GFLOP/s per worker alone, "
+        f"{model.rate(n_workers) / 1e9:.3g} with all {n_workers} busy; "
+        f"{model.task_cost * 1e3:.3g} ms per task, {model.task_latency * 1e3:.3g} ms per dependent hop; "
+        f"messages {model.latency * 1e3:.3g} ms + {model.bandwidth / 2**30:.3g} GiB/s"
+    )
     click.echo(costmodel.format_table(table))
     best = table[0]
     click.echo(f"grid='auto' takes {best['grid']} in {best['mode']} mode ({best['predicted_s'] * 1e3:.3g} ms per step)")
@@ -135,26 +190,50 @@ def _clean(value):
 
 @click.command("npt")
 @cluster_options
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("bench-npt"), show_default=True,
-              help="Folder for bench-npt.json, bench-npt.zarr and the PNG plots.")
-@click.option("--nets", default="one-hidden,two-hidden,two-hidden-256", show_default=True,
-              help="Paper-scale nets to sweep (comma-separated; empty skips them).")
-@click.option("--grids", default="1x1,1x2,2x2,2x4", show_default=True,
-              help="Grids of the paper-scale sweep (more cells than workers share workers).")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=Path("bench-npt"),
+    show_default=True,
+    help="Folder for bench-npt.json, bench-npt.zarr and the PNG plots.",
+)
+@click.option(
+    "--nets",
+    default="one-hidden,two-hidden,two-hidden-256",
+    show_default=True,
+    help="Paper-scale nets to sweep (comma-separated; empty skips them).",
+)
+@click.option(
+    "--grids",
+    default="1x1,1x2,2x2,2x4",
+    show_default=True,
+    help="Grids of the paper-scale sweep (more cells than workers share workers).",
+)
 @click.option("--steps", type=int, default=None, help="Timed steps of graph mode and the peer (resident: more).")
-@click.option("--large-width", type=int, default=4096, show_default=True,
-              help="Width of the large net's layers (0 skips it).")
+@click.option(
+    "--large-width", type=int, default=4096, show_default=True, help="Width of the large net's layers (0 skips it)."
+)
 @click.option("--large-batch", type=int, default=4096, show_default=True)
 @click.option("--large-steps", type=int, default=2, show_default=True)
-@click.option("--widths", default="256,512,1024,2048", show_default=True,
-              help="Widths of the resident-versus-serial sweep on 2x2 (empty skips it).")
-@click.option("--modes", default="graph,resident,dask,auto", show_default=True,
-              help="Which runs: graph, resident, dask (the dask.array peer), auto (grid='auto').")
+@click.option(
+    "--widths",
+    default="256,512,1024,2048",
+    show_default=True,
+    help="Widths of the resident-versus-serial sweep on 2x2 (empty skips it).",
+)
+@click.option(
+    "--modes",
+    default="graph,resident,dask,auto",
+    show_default=True,
+    help="Which runs: graph, resident, dask (the dask.array peer), auto (grid='auto').",
+)
 @click.option("--quick", is_flag=True, help="Small sizes and few steps (a smoke test of the benchmark).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @cli_errors
-def bench_command(output, nets, grids, steps, large_width, large_batch, large_steps, widths, modes, quick, as_json,
-                  **opts):
+def bench_command(
+    output, nets, grids, steps, large_width, large_batch, large_steps, widths, modes, quick, as_json, **opts
+):
     """Time per step, speedup and efficiency of NPT against p, against serial and dask.array's @."""
     from daskann._validation import check_int, invalid
     from daskann.cluster import close
@@ -174,10 +253,15 @@ def bench_command(output, nets, grids, steps, large_width, large_batch, large_st
         if m not in ("graph", "resident", "dask", "auto"):
             raise invalid("modes", m, "a comma-separated subset of graph, resident, dask, auto")
     width_list = [check_int("widths", int(w)) for w in widths.split(",") if w.strip()] if widths else []
-    config = bench.BenchConfig(nets=net_list, grids=grid_list, modes=mode_list, widths=width_list,
-                               large_width=check_int("large_width", large_width, minimum=0),
-                               large_batch=check_int("large_batch", large_batch),
-                               large_steps=check_int("large_steps", large_steps))
+    config = bench.BenchConfig(
+        nets=net_list,
+        grids=grid_list,
+        modes=mode_list,
+        widths=width_list,
+        large_width=check_int("large_width", large_width, minimum=0),
+        large_batch=check_int("large_batch", large_batch),
+        large_steps=check_int("large_steps", large_steps),
+    )
     if steps is not None:
         config.graph_steps = config.peer_steps = check_int("steps", steps)
         config.resident_steps = max(config.resident_steps, config.graph_steps)
@@ -199,12 +283,13 @@ def bench_command(output, nets, grids, steps, large_width, large_batch, large_st
         close(client)
     paths = bench.write_outputs(result, output)
     if as_json:
-        click.echo(json.dumps(bench.clean_json({**result, "outputs": {k: str(v) for k, v in paths.items()}}),
-                              indent=2))
+        click.echo(json.dumps(bench.clean_json({**result, "outputs": {k: str(v) for k, v in paths.items()}}), indent=2))
         return
     machine = result["machine"]
-    click.echo(f"machine: {machine.get('cpu_model')} ({machine['cpu_count']} cpus), {machine['platform']}; "
-               f"load {machine.get('load_average')}")
+    click.echo(
+        f"machine: {machine.get('cpu_model')} ({machine['cpu_count']} cpus), {machine['platform']}; "
+        f"load {machine.get('load_average')}"
+    )
     click.echo(f"BLAS on the workers: {machine.get('blas_worker')}")
     click.echo(bench.format_table(result["table"]))
     click.echo(bench.format_checks(result["checks"]))

@@ -74,7 +74,7 @@ class CostModel:
         known = sorted(self.flop_rate)
         if busy <= known[0]:
             return self.flop_rate[known[0]]
-        for lo, hi in zip(known[:-1], known[1:]):
+        for lo, hi in zip(known[:-1], known[1:], strict=True):
             if lo <= busy <= hi:
                 f = (busy - lo) / (hi - lo)
                 return self.flop_rate[lo] * (1 - f) + self.flop_rate[hi] * f
@@ -88,8 +88,9 @@ class CostModel:
         return d
 
     # -- predictions -----------------------------------------------------------------
-    def predict(self, sizes, batch_size: int, grid_shape, *, mode: str, itemsize: int = 8,
-                n_workers: int | None = None) -> float:
+    def predict(
+        self, sizes, batch_size: int, grid_shape, *, mode: str, itemsize: int = 8, n_workers: int | None = None
+    ) -> float:
         """Predicted seconds per training step of ``sizes`` on a ``rows x cols`` grid."""
         rows, cols = grid_shape
         cells = rows * cols
@@ -144,34 +145,54 @@ class CostModel:
         largest = max(2.0 * m * k * n for m, k, n in _products(sizes, batch_size))
         return largest / (rows * cols * steps) / self.rate(workers) + self.gemm_overhead
 
-    def choose_mode(self, sizes, batch_size: int, grid_shape, *, resident_available: bool = True,
-                    itemsize: int = 8) -> str:
+    def choose_mode(
+        self, sizes, batch_size: int, grid_shape, *, resident_available: bool = True, itemsize: int = 8
+    ) -> str:
         """Graph mode when a block product hides :data:`GRAPH_MIN_PRODUCT_HOPS` dependent hops."""
         if not resident_available:
             return "graph"
         t = self.product_seconds(sizes, batch_size, grid_shape, itemsize=itemsize)
         return "graph" if t >= GRAPH_MIN_PRODUCT_HOPS * self.task_latency else "resident"
 
-    def plan(self, sizes, batch_size: int, *, n_workers: int | None = None, mode: str = "auto",
-             resident_available: bool = True, itemsize: int = 8, grids=None) -> list[dict]:
+    def plan(
+        self,
+        sizes,
+        batch_size: int,
+        *,
+        n_workers: int | None = None,
+        mode: str = "auto",
+        resident_available: bool = True,
+        itemsize: int = 8,
+        grids=None,
+    ) -> list[dict]:
         """Prediction table: one row per candidate grid, fastest first."""
         n_workers = n_workers or self.n_workers
         rows = []
         for shape in grids or candidate_grids(n_workers):
             graph = self.predict(sizes, batch_size, shape, mode="graph", itemsize=itemsize, n_workers=n_workers)
-            resident = self.predict(sizes, batch_size, shape, mode="resident", itemsize=itemsize,
-                                    n_workers=n_workers) if resident_available else float("nan")
-            chosen = mode if mode != "auto" else self.choose_mode(
-                sizes, batch_size, shape, resident_available=resident_available, itemsize=itemsize)
-            rows.append({
-                "grid": f"{shape[0]}x{shape[1]}",
-                "cells": shape[0] * shape[1],
-                "mode": chosen,
-                "graph_s": graph,
-                "resident_s": resident,
-                "block_product_s": self.product_seconds(sizes, batch_size, shape, itemsize=itemsize),
-                "predicted_s": graph if chosen == "graph" else resident,
-            })
+            resident = (
+                self.predict(sizes, batch_size, shape, mode="resident", itemsize=itemsize, n_workers=n_workers)
+                if resident_available
+                else float("nan")
+            )
+            chosen = (
+                mode
+                if mode != "auto"
+                else self.choose_mode(
+                    sizes, batch_size, shape, resident_available=resident_available, itemsize=itemsize
+                )
+            )
+            rows.append(
+                {
+                    "grid": f"{shape[0]}x{shape[1]}",
+                    "cells": shape[0] * shape[1],
+                    "mode": chosen,
+                    "graph_s": graph,
+                    "resident_s": resident,
+                    "block_product_s": self.product_seconds(sizes, batch_size, shape, itemsize=itemsize),
+                    "predicted_s": graph if chosen == "graph" else resident,
+                }
+            )
         serial = next((r["predicted_s"] for r in rows if r["cells"] == 1), None)
         for r in rows:
             r["speedup"] = serial / r["predicted_s"] if serial else float("nan")
@@ -200,7 +221,7 @@ def pipeline_chains(sizes, batch_size: int, grid_shape) -> int:
 def _products(sizes, batch_size: int) -> list[tuple[int, int, int]]:
     """``(m, k, n)`` of every matrix product of one training step."""
     out = []
-    for layer, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+    for layer, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         out.append((batch_size, n_in, n_out))  # forward
         out.append((n_in, batch_size, n_out))  # weight gradient
         if layer > 0:
@@ -225,11 +246,20 @@ def candidate_grids(n_workers: int) -> list[tuple[int, int]]:
     return [(r, c) for r in range(1, n_workers + 1) for c in range(1, n_workers // r + 1)]
 
 
-def choose_grid(model: CostModel, sizes, batch_size: int, *, mode: str = "auto", n_workers=None,
-                resident_available: bool = True, itemsize: int = 8) -> tuple[tuple[int, int], str, list[dict]]:
+def choose_grid(
+    model: CostModel,
+    sizes,
+    batch_size: int,
+    *,
+    mode: str = "auto",
+    n_workers=None,
+    resident_available: bool = True,
+    itemsize: int = 8,
+) -> tuple[tuple[int, int], str, list[dict]]:
     """The fastest predicted grid and its mode, and the whole table."""
-    table = model.plan(sizes, batch_size, n_workers=n_workers, mode=mode, resident_available=resident_available,
-                       itemsize=itemsize)
+    table = model.plan(
+        sizes, batch_size, n_workers=n_workers, mode=mode, resident_available=resident_available, itemsize=itemsize
+    )
     best = table[0]
     r, c = (int(x) for x in best["grid"].split("x"))
     return (r, c), best["mode"], table
@@ -305,8 +335,7 @@ def _measure_tasks(client, workers, n_tasks: int = 120, chain: int = 24) -> tupl
     builder = GraphBuilder(client, f"{name}-chain")
     prev = None
     for k in range(chain):
-        prev = builder.add(f"{name}-chain-{k}", _make, 8, *([builder.ref(prev)] if prev else []),
-                           owner=pair[k % 2])
+        prev = builder.add(f"{name}-chain-{k}", _make, 8, *([builder.ref(prev)] if prev else []), owner=pair[k % 2])
     t0 = time.perf_counter()
     futures = builder.submit([prev])
     client.gather(list(futures.values()))
@@ -343,13 +372,13 @@ def _measure_transfers(client, workers, task_latency: float, nbytes: int = 8 * 2
 
 def format_table(table: list[dict]) -> str:
     """The prediction table as text."""
-    lines = [f"{'grid':>6} {'cells':>5} {'mode':>9} {'predicted s/step':>17} {'graph s':>10} {'resident s':>11} "
-             f"{'block product s':>16} {'speedup':>8}"]
+    lines = [
+        f"{'grid':>6} {'cells':>5} {'mode':>9} {'predicted s/step':>17} {'graph s':>10} {'resident s':>11} "
+        f"{'block product s':>16} {'speedup':>8}"
+    ]
     for r in table:
         lines.append(
             f"{r['grid']:>6} {r['cells']:>5} {r['mode']:>9} {r['predicted_s']:>17.4g} {r['graph_s']:>10.4g} "
             f"{r['resident_s']:>11.4g} {r['block_product_s']:>16.3g} {r['speedup']:>8.3g}"
         )
     return "\n".join(lines)
-
-

@@ -30,13 +30,22 @@ def run_demo(client) -> dict:
     settings = {"loss": "cross_entropy", "lr": 0.1, "momentum": 0.9, "batch_size": 32, "seed": 0}
     start = time.perf_counter()
     trainer = NPTTrainer((64,), grid=grid, mode=mode, client=client, **settings).fit(
-        data.X_train, data.y_train, steps=steps, validation_data=(data.X_val, data.y_val))
+        data.X_train, data.y_train, steps=steps, validation_data=(data.X_val, data.y_val)
+    )
     seconds = time.perf_counter() - start
     reference = SerialTrainer((64,), **settings).fit(data.X_train, data.y_train, steps=steps)
     difference = max(
         float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300))
-        for a, b in zip(trainer.model_.params, reference.model_.params)
+        for a, b in zip(trainer.model_.params, reference.model_.params, strict=True)
     )
-    return summarize(trainer, data, method="npt", seconds=seconds, extra={
-        "grid": grid, "mode": trainer.mode_, "max_relative_difference_from_serial": float(f"{difference:.3g}"),
-    })
+    return summarize(
+        trainer,
+        data,
+        method="npt",
+        seconds=seconds,
+        extra={
+            "grid": grid,
+            "mode": trainer.mode_,
+            "max_relative_difference_from_serial": float(f"{difference:.3g}"),
+        },
+    )

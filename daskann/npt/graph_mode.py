@@ -50,7 +50,7 @@ class GridState:
 
     def keys(self) -> list[str]:
         keys = []
-        for w, v, b in zip(self.weights, self.velocities, self.biases):
+        for w, v, b in zip(self.weights, self.velocities, self.biases, strict=True):
             keys += w.keys() + v.keys() + [blk.key for blk in b]
         return list(dict.fromkeys(keys))  # packed blocks hold a weight and its velocity under one key
 
@@ -161,15 +161,19 @@ class GraphEngine:
                     wl, vl = [], []
                     for j, (c0, c1) in enumerate(cols):
                         key = f"{name}-w{layer}-{i}-{j}"
-                        data[key] = {"w": np.ascontiguousarray(model.weights[layer][r0:r1, c0:c1]),
-                                     "v": np.ascontiguousarray(velocity[2 * layer][r0:r1, c0:c1])}
+                        data[key] = {
+                            "w": np.ascontiguousarray(model.weights[layer][r0:r1, c0:c1]),
+                            "v": np.ascontiguousarray(velocity[2 * layer][r0:r1, c0:c1]),
+                        }
                         where.setdefault(grid.owner(i, j), []).append(key)
                         wl.append(self._packed_block(key, (r1 - r0, c1 - c0), "w"))
                         vl.append(self._packed_block(key, (r1 - r0, c1 - c0), "v"))
                     wb.append(wl)
                     vb.append(vl)
-                mats = [GridMatrix(grid, shape, self.dtype, rows, cols, wb),
-                        GridMatrix(grid, shape, self.dtype, rows, cols, vb)]
+                mats = [
+                    GridMatrix(grid, shape, self.dtype, rows, cols, wb),
+                    GridMatrix(grid, shape, self.dtype, rows, cols, vb),
+                ]
             else:
                 mats = []
                 for kind, array in (("w", model.weights[layer]), ("v", velocity[2 * layer])):
@@ -198,7 +202,7 @@ class GraphEngine:
     def gather_state(self, state: GridState, like: MLP, gather=None) -> tuple[MLP, list]:
         """Weights and velocities as numpy arrays on the client (``gather``: futures -> values)."""
         gather = self.client.gather if gather is None else gather
-        values = dict(zip(state.futures, gather(list(state.futures.values()))))
+        values = dict(zip(state.futures, gather(list(state.futures.values())), strict=True))
         weights, biases, velocity = [], [], []
         for layer in range(self.n_layers):
             w = _assemble(state.weights[layer], values)
@@ -208,8 +212,9 @@ class GraphEngine:
             weights.append(w)
             biases.append(b)
             velocity += [v, vb]
-        model = MLP.from_arrays(weights, biases, activation=like.activation, output=like.output,
-                                negative_slope=like.negative_slope)
+        model = MLP.from_arrays(
+            weights, biases, activation=like.activation, output=like.output, negative_slope=like.negative_slope
+        )
         return model, velocity
 
     @staticmethod
@@ -241,42 +246,21 @@ class GraphEngine:
             if layer > 0:
                 Zp = Z[layer - 1]
                 dZ_prev = add_product(
-                    builder, dZ, W, name=f"{name}-d{layer}", trans_b=True, out_rows=Zp.row_bounds,
-                    out_cols=Zp.col_bounds, chains=self.chains, epilogue=("act_backward", *act),
+                    builder,
+                    dZ,
+                    W,
+                    name=f"{name}-d{layer}",
+                    trans_b=True,
+                    out_rows=Zp.row_bounds,
+                    out_cols=Zp.col_bounds,
+                    chains=self.chains,
+                    epilogue=("act_backward", *act),
                     extras=lambda i, j, Zp=Zp: [Zp.blocks[i][j].spec(builder.ref(Zp.blocks[i][j].key))],
                     ledger=ledger,
                 )
-            if self.packed:
-                # the task finishing each weight-gradient block also updates the block: {"w", "v"}
-                P = add_product(
-                    builder, A_prev, dZ, name=f"{name}-g{layer}", trans_a=True, out_rows=W.row_bounds,
-                    out_cols=W.col_bounds, chains=self.chains, epilogue=("sgd", s["lr"], s["momentum"]),
-                    extras=lambda i, j, V=V, W=W: [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key)),
-                                                   W.blocks[i][j].spec(builder.ref(W.blocks[i][j].key))],
-                    ledger=ledger,
-                )
-                for kind, out in (("w", new_w), ("v", new_v)):
-                    blocks = [[self._packed_block(P.blocks[i][j].key, P.blocks[i][j].shape, kind)
-                               for j in range(self.grid.cols)] for i in range(self.grid.rows)]
-                    out[layer] = GridMatrix(self.grid, W.shape, self.dtype, W.row_bounds, W.col_bounds, blocks)
-            else:
-                Vn = add_product(
-                    builder, A_prev, dZ, name=f"{name}-g{layer}", trans_a=True, out_rows=W.row_bounds,
-                    out_cols=W.col_bounds, chains=self.chains, epilogue=("velocity", s["momentum"]),
-                    extras=lambda i, j, V=V: [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key))],
-                    ledger=ledger,
-                )
-                blocks = []
-                for i in range(self.grid.rows):
-                    line = []
-                    for j in range(self.grid.cols):
-                        key = builder.add(f"{name}-w{layer}-{i}-{j}", _kernels.weight_update,
-                                          builder.ref(W.blocks[i][j].key), builder.ref(Vn.blocks[i][j].key),
-                                          s["lr"], owner=self.grid.owner(i, j))
-                        line.append(Block(key, W.blocks[i][j].shape))
-                    blocks.append(line)
-                new_w[layer] = GridMatrix(self.grid, W.shape, self.dtype, W.row_bounds, W.col_bounds, blocks)
-                new_v[layer] = Vn
+            new_w[layer], new_v[layer] = self._weight_updates(
+                builder, ledger, W, V, A_prev, dZ, f"{name}-g{layer}", f"{name}-w{layer}"
+            )
             new_b[layer] = self._bias_updates(builder, ledger, state.biases[layer], dZ, layer, name)
             if layer > 0:
                 dZ = dZ_prev
@@ -287,6 +271,73 @@ class GraphEngine:
         loss_futures = [new.futures[blk.key] for blk in new.biases[-1]]
         return new, loss_futures
 
+    def _weight_updates(self, builder, ledger, W, V, A_prev, dZ, grad_name: str, update_name: str):
+        """A layer's new weights and velocity, from its gradient ``A_prev.T @ dZ``."""
+        s = self.settings
+        if self.packed:
+            # the task finishing each weight-gradient block also updates the block: {"w", "v"}
+            P = add_product(
+                builder,
+                A_prev,
+                dZ,
+                name=grad_name,
+                trans_a=True,
+                out_rows=W.row_bounds,
+                out_cols=W.col_bounds,
+                chains=self.chains,
+                epilogue=("sgd", s["lr"], s["momentum"]),
+                extras=lambda i, j: [
+                    V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key)),
+                    W.blocks[i][j].spec(builder.ref(W.blocks[i][j].key)),
+                ],
+                ledger=ledger,
+            )
+            return [
+                GridMatrix(
+                    self.grid,
+                    W.shape,
+                    self.dtype,
+                    W.row_bounds,
+                    W.col_bounds,
+                    [
+                        [
+                            self._packed_block(P.blocks[i][j].key, P.blocks[i][j].shape, kind)
+                            for j in range(self.grid.cols)
+                        ]
+                        for i in range(self.grid.rows)
+                    ],
+                )
+                for kind in ("w", "v")
+            ]
+        Vn = add_product(
+            builder,
+            A_prev,
+            dZ,
+            name=grad_name,
+            trans_a=True,
+            out_rows=W.row_bounds,
+            out_cols=W.col_bounds,
+            chains=self.chains,
+            epilogue=("velocity", s["momentum"]),
+            extras=lambda i, j: [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key))],
+            ledger=ledger,
+        )
+        blocks = []
+        for i in range(self.grid.rows):
+            line = []
+            for j in range(self.grid.cols):
+                key = builder.add(
+                    f"{update_name}-{i}-{j}",
+                    _kernels.weight_update,
+                    builder.ref(W.blocks[i][j].key),
+                    builder.ref(Vn.blocks[i][j].key),
+                    s["lr"],
+                    owner=self.grid.owner(i, j),
+                )
+                line.append(Block(key, W.blocks[i][j].shape))
+            blocks.append(line)
+        return GridMatrix(self.grid, W.shape, self.dtype, W.row_bounds, W.col_bounds, blocks), Vn
+
     def _forward(self, builder, ledger, state, data, rows, name, *, with_grad: bool):
         s = self.settings
         grid = self.grid
@@ -296,14 +347,16 @@ class GraphEngine:
         for i, (r0, r1) in enumerate(batch_bounds):
             line, where = [], []
             for k, band in enumerate(data.x_bands):
-                key = builder.add(f"{name}-x-{i}-{k}", _kernels.take_rows, builder.ref(band.key), rows[r0:r1],
-                                  owner=data.x_owners[k])
+                key = builder.add(
+                    f"{name}-x-{i}-{k}", _kernels.take_rows, builder.ref(band.key), rows[r0:r1], owner=data.x_owners[k]
+                )
                 line.append(Block(key, (r1 - r0, band.shape[1])))
                 where.append(data.x_owners[k])
             blocks.append(line)
             placement.append(where)
-        A = GridMatrix(grid, (len(rows), self.sizes[0]), self.dtype, batch_bounds, self.col_bounds[0], blocks,
-                       placement=placement)
+        A = GridMatrix(
+            grid, (len(rows), self.sizes[0]), self.dtype, batch_bounds, self.col_bounds[0], blocks, placement=placement
+        )
         A0 = A
         Z = []
         for layer in range(self.n_layers):
@@ -312,7 +365,7 @@ class GraphEngine:
                 # MSE on a linear output: each output block's last task also gives its loss gradient
                 scale = 2.0 / (len(rows) * self.sizes[-1])
 
-                def epilogue(i, j):
+                def epilogue(i, j, scale=scale):
                     r0, r1 = batch_bounds[i]
                     return ("bias_mse", scale, rows[r0:r1], with_grad)
 
@@ -323,15 +376,24 @@ class GraphEngine:
 
                 def extras(i, j, bias=bias):
                     return [bias[j].spec(builder.ref(bias[j].key))]
+
             Zl = add_product(
-                builder, A, state.weights[layer], name=f"{name}-f{layer}", out_rows=batch_bounds,
-                out_cols=self.col_bounds[layer + 1], chains=self.chains, epilogue=epilogue, extras=extras,
+                builder,
+                A,
+                state.weights[layer],
+                name=f"{name}-f{layer}",
+                out_rows=batch_bounds,
+                out_cols=self.col_bounds[layer + 1],
+                chains=self.chains,
+                epilogue=epilogue,
+                extras=extras,
                 ledger=ledger,
             )
             for i in range(grid.rows):
                 for j in range(grid.cols):
-                    ledger.fetch(bias[j].key, grid.owner(0, j), grid.owner(i, j),
-                                 2 * bias[j].shape[1] * self.dtype.itemsize)
+                    ledger.fetch(
+                        bias[j].key, grid.owner(0, j), grid.owner(i, j), 2 * bias[j].shape[1] * self.dtype.itemsize
+                    )
             Z.append(Zl)
             A = Zl.activated(s["activation"], s["negative_slope"])
         return Z, A0
@@ -351,16 +413,31 @@ class GraphEngine:
                 owner = grid.owner(i, 0)
                 z_specs = [ZL.blocks[i][j].spec(builder.ref(ZL.blocks[i][j].key)) for j in range(grid.cols)]
                 for j in range(1, grid.cols):
-                    ledger.fetch(ZL.blocks[i][j].key, grid.owner(i, j), owner,
-                                 int(np.prod(ZL.blocks[i][j].shape)) * self.dtype.itemsize)
+                    ledger.fetch(
+                        ZL.blocks[i][j].key,
+                        grid.owner(i, j),
+                        owner,
+                        int(np.prod(ZL.blocks[i][j].shape)) * self.dtype.itemsize,
+                    )
                 if s["loss"] == "cross_entropy":
                     target = data.labels[rows[r0:r1]]
                 else:
                     target = (builder.ref(data.y_keys[i][0]), rows[r0:r1])
-                key = builder.add(f"{name}-loss-{i}", _kernels.loss_panel, z_specs, target, loss=s["loss"],
-                                  n_batch=n_batch, size=n_batch * n_out, with_grad=with_grad, owner=owner)
-                line = [Block(key, (r1 - r0, c1 - c0), field="g", window=(0, r1 - r0, c0, c1),
-                              stored=(r1 - r0, n_out)) for (c0, c1) in ZL.col_bounds]
+                key = builder.add(
+                    f"{name}-loss-{i}",
+                    _kernels.loss_panel,
+                    z_specs,
+                    target,
+                    loss=s["loss"],
+                    n_batch=n_batch,
+                    size=n_batch * n_out,
+                    with_grad=with_grad,
+                    owner=owner,
+                )
+                line = [
+                    Block(key, (r1 - r0, c1 - c0), field="g", window=(0, r1 - r0, c0, c1), stored=(r1 - r0, n_out))
+                    for (c0, c1) in ZL.col_bounds
+                ]
                 blocks.append(line)
         placement = [[grid.owner(i, 0)] * grid.cols for i in range(grid.rows)] if self.panel_loss else None
         dZ = GridMatrix(grid, ZL.shape, self.dtype, ZL.row_bounds, ZL.col_bounds, blocks, placement=placement)
@@ -378,8 +455,16 @@ class GraphEngine:
                 b = dZ.blocks[i][j]
                 ledger.fetch(b.key, dZ.owner(i, j), owner, int(np.prod(b.stored_shape)) * self.dtype.itemsize)
             collect = last and (not self.panel_loss or j == 0)
-            key = builder.add(f"{name}-b{layer}-{j}", _kernels.bias_update, builder.ref(blk.key), specs,
-                              s["lr"], s["momentum"], collect, owner=owner)
+            key = builder.add(
+                f"{name}-b{layer}-{j}",
+                _kernels.bias_update,
+                builder.ref(blk.key),
+                specs,
+                s["lr"],
+                s["momentum"],
+                collect,
+                owner=owner,
+            )
             out.append(Block(key, blk.shape, field="b"))
         return out
 
@@ -419,14 +504,24 @@ class GraphEngine:
                 for i in range(self.grid.rows):
                     for j in range(self.grid.cols):
                         blk = mat.blocks[i][j]
-                        k = builder.add(f"{builder.name}-{kind}{layer}-{i}-{j}", _kernels.all_finite,
-                                        blk.spec(builder.ref(blk.key)), owner=self.grid.owner(i, j))
+                        k = builder.add(
+                            f"{builder.name}-{kind}{layer}-{i}-{j}",
+                            _kernels.all_finite,
+                            blk.spec(builder.ref(blk.key)),
+                            owner=self.grid.owner(i, j),
+                        )
                         (keys_p if kind == "w" else keys_v).append(k)
             for j, blk in enumerate(state.biases[layer]):
-                keys_p.append(builder.add(f"{builder.name}-b{layer}-{j}", _kernels.all_finite,
-                                          builder.ref(blk.key), owner=self.grid.owner(0, j)))
+                keys_p.append(
+                    builder.add(
+                        f"{builder.name}-b{layer}-{j}",
+                        _kernels.all_finite,
+                        builder.ref(blk.key),
+                        owner=self.grid.owner(0, j),
+                    )
+                )
         futures = builder.submit(keys_p + keys_v, keep=state.futures)
-        values = dict(zip(futures, self.client.gather(list(futures.values()))))
+        values = dict(zip(futures, self.client.gather(list(futures.values())), strict=True))
         return all(values[k] for k in keys_p), all(values[k] for k in keys_v)
 
 

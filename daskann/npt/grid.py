@@ -25,7 +25,7 @@ def split_sizes(n: int, parts: int) -> tuple[int, ...]:
 def split_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """``(start, stop)`` of each piece of :func:`split_sizes`."""
     edges = np.concatenate([[0], np.cumsum(split_sizes(n, parts))])
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:], strict=True)]
 
 
 def nearest_grids(n_workers: int) -> list[tuple[int, int]]:

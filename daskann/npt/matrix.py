@@ -110,8 +110,17 @@ class GridMatrix:
 
     def activated(self, activation: str, negative_slope: float) -> GridMatrix:
         """The same blocks read through a hidden-layer activation."""
-        return GridMatrix(self.grid, self.shape, self.dtype, self.row_bounds, self.col_bounds, self.blocks,
-                          self.futures, (activation, float(negative_slope)), self.placement)
+        return GridMatrix(
+            self.grid,
+            self.shape,
+            self.dtype,
+            self.row_bounds,
+            self.col_bounds,
+            self.blocks,
+            self.futures,
+            (activation, float(negative_slope)),
+            self.placement,
+        )
 
     # -- in and out -----------------------------------------------------------
     @classmethod
@@ -166,9 +175,9 @@ class GridMatrix:
     def to_dask(self):
         """A chunked :class:`dask.array.Array` over the blocks (no data moves)."""
         import dask.array as da
-        from dask._task_spec import Task, TaskRef, parse_input
         from dask.highlevelgraph import HighLevelGraph
 
+        from daskann._compat import Task, TaskRef, parse_input
         from daskann.npt._kernels import view
 
         name = f"{self.blocks[0][0].key}-dask-{uuid.uuid4().hex[:6]}"

@@ -46,8 +46,11 @@ class DaskArrayPeer:
         name = f"daskann-peer-{uuid.uuid4().hex[:12]}"
         rows = np.concatenate([[0], np.cumsum(chunks[0])])
         cols = np.concatenate([[0], np.cumsum(chunks[1])])
-        data = {f"{name}-{i}-{j}": np.ascontiguousarray(array[rows[i]:rows[i + 1], cols[j]:cols[j + 1]])
-                for i in range(len(chunks[0])) for j in range(len(chunks[1]))}
+        data = {
+            f"{name}-{i}-{j}": np.ascontiguousarray(array[rows[i] : rows[i + 1], cols[j] : cols[j + 1]])
+            for i in range(len(chunks[0]))
+            for j in range(len(chunks[1]))
+        }
         futures = self.client.scatter(data, hash=False)
         dsk = {(name, i, j): futures[f"{name}-{i}-{j}"] for i in range(len(chunks[0])) for j in range(len(chunks[1]))}
         graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
@@ -112,7 +115,7 @@ class DaskArrayPeer:
                 new_b[layer] = b[layer] - lr * new_vb[layer]
             L = len(W)
             state = self.client.persist([*new_W, *new_b, *new_vW, *new_vb, loss])
-            W, b, vW, vb, loss = state[:L], state[L:2 * L], state[2 * L:3 * L], state[3 * L:4 * L], state[-1]
+            W, b, vW, vb, loss = state[:L], state[L : 2 * L], state[2 * L : 3 * L], state[3 * L : 4 * L], state[-1]
             pending.append(loss)
             if len(pending) > lookahead:
                 losses.append(float(self.client.compute(pending.pop(0)).result()))
@@ -122,13 +125,17 @@ class DaskArrayPeer:
             times.append(time.perf_counter() - t0)
         L = len(W)
         values = self.client.gather(self.client.compute([*W, *b, *vW, *vb]))
-        weights, biases, vW, vb = values[:L], values[L:2 * L], values[2 * L:3 * L], values[3 * L:]
+        weights, biases, vW, vb = values[:L], values[L : 2 * L], values[2 * L : 3 * L], values[3 * L :]
         velocity = []
         for layer in range(len(weights)):
             velocity += [np.asarray(vW[layer]), np.asarray(vb[layer])]
-        trained = MLP.from_arrays([np.asarray(w) for w in weights], [np.asarray(v) for v in biases],
-                                  activation=model.activation, output=model.output,
-                                  negative_slope=model.negative_slope)
+        trained = MLP.from_arrays(
+            [np.asarray(w) for w in weights],
+            [np.asarray(v) for v in biases],
+            activation=model.activation,
+            output=model.output,
+            negative_slope=model.negative_slope,
+        )
         return {"model": trained, "velocity": velocity, "losses": losses, "times": times}
 
 

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from daskann import config
 from daskann._validation import check_float, check_int, invalid
+from daskann.exceptions import ResidentError
 from daskann.nn import MLP
 from daskann.npt._exchange import (
     ExchangeAborted,
@@ -37,15 +39,6 @@ from daskann.npt._resident_layout import Layout
 from daskann.npt._resident_program import run_worker
 
 __all__ = ["ResidentError", "ResidentResult", "current_workers", "exchange_latency", "train_resident"]
-
-#: seconds between the client's checks that the grid's workers are still there
-POLL_SECONDS = 0.5
-#: after a first failure, how long to wait for the other cells' errors (to name the root cause)
-SETTLE_SECONDS = 3.0
-
-
-class ResidentError(RuntimeError):
-    """A resident run failed: a cell raised, a block timed out, or a worker left."""
 
 
 @dataclass
@@ -77,6 +70,69 @@ class ResidentResult:
     rows: list = field(default_factory=list)
     diverged_step: int | None = None
     snapshots: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ResidentRun:
+    """One validated resident stretch: what every worker's task is told.
+
+    Attributes
+    ----------
+    run_id : str
+        The caller's run prefix (named in errors).
+    namespace : str
+        Prefix of this stretch's task keys and message namespace.
+    layout : Layout
+        Blocks of every layer on the grid's cells.
+    settings : dict
+        The arithmetic's settings (``dtype`` as a name).
+    order : daskann.data.BatchOrder
+    start, stop : int
+        Steps to train, ``start < stop``.
+    timeout : float
+        Seconds any block may take to arrive.
+    eval_steps : tuple of int
+        Step counts after which the model is kept as a snapshot.
+    """
+
+    run_id: str
+    namespace: str
+    layout: Layout
+    settings: dict
+    order: object
+    start: int
+    stop: int
+    timeout: float
+    eval_steps: tuple = ()
+
+    @classmethod
+    def build(cls, run_id, layout, settings, dtype, order, start, stop, timeout, eval_fn) -> ResidentRun:
+        """The run of :func:`train_resident`'s validated arguments, under a fresh namespace."""
+        return cls(
+            run_id=run_id,
+            namespace=f"{run_id}-resident-{uuid.uuid4().hex[:10]}",
+            layout=layout,
+            settings={k: settings[k] for k in ("loss", "output", "activation", "negative_slope", "lr", "momentum")}
+            | {"dtype": np.dtype(dtype).name},
+            order=order,
+            start=start,
+            stop=stop,
+            timeout=timeout,
+            eval_steps=tuple(d for d in range(start + 1, stop + 1) if eval_fn is not None and eval_fn(d)),
+        )
+
+    def spec(self) -> dict:
+        """The settings of every worker's task (:func:`daskann.npt._resident_program.run_worker`)."""
+        return {
+            "namespace": self.namespace,
+            "layout": self.layout,
+            "settings": self.settings,
+            "order": self.order,
+            "start": self.start,
+            "stop": self.stop,
+            "timeout": self.timeout,
+            "eval_steps": list(self.eval_steps),
+        }
 
 
 def train_resident(
@@ -134,81 +190,47 @@ def train_resident(
         When a worker leaves the cluster, a block does not arrive within
         ``timeout`` seconds, or a cell fails; never hangs.
     """
+    timeout, start, stop = _check_stretch(timeout, start, stop, run_id)
+    velocity = _check_velocity(model, velocity)
+    if stop == start:
+        return ResidentResult(model.copy(), [v.copy() for v in velocity])
+    X, y = _check_data(model, X, y, order, settings["loss"])
+    layout = Layout.build(grid, model.sizes, order.batch_size)
+    _check_workers(client, layout)
+    ensure_plugin(client)
+    run = ResidentRun.build(run_id, layout, settings, model.dtype, order, start, stop, timeout, eval_fn)
+    results = _run_cells(client, run, _payloads(layout, model, velocity, X, y, settings["loss"]))
+    return _assemble(layout, model, results, run.eval_steps, start)
+
+
+# -- set-up --------------------------------------------------------------------
+def _check_stretch(timeout, start, stop, run_id) -> tuple[float, int, int]:
     timeout = check_float("timeout", timeout, minimum=0.0, min_inclusive=False)
     start = check_int("start", start, minimum=0)
     stop = check_int("stop", stop, minimum=start)
     if not isinstance(run_id, str) or not run_id:
         raise invalid("run_id", run_id, "a non-empty string")
-    dtype = model.dtype
-    velocity = [np.asarray(v, dtype=dtype) for v in velocity]
+    return timeout, start, stop
+
+
+def _check_velocity(model: MLP, velocity) -> list:
+    velocity = [np.asarray(v, dtype=model.dtype) for v in velocity]
     if [v.shape for v in velocity] != [p.shape for p in model.params]:
         raise invalid("velocity", [v.shape for v in velocity], "arrays shaped like model.params")
-    if stop == start:
-        return ResidentResult(model.copy(), [v.copy() for v in velocity])
-    X = np.asarray(X, dtype=dtype)
+    return velocity
+
+
+def _check_data(model: MLP, X, y, order, loss: str):
+    X = np.asarray(X, dtype=model.dtype)
     y = np.asarray(y)
     if X.shape != (order.n_samples, model.sizes[0]):
         raise invalid("X", f"shape {X.shape}", f"shape ({order.n_samples}, {model.sizes[0]})")
-    expected = (order.n_samples,) if settings["loss"] == "cross_entropy" else (order.n_samples, model.sizes[-1])
+    expected = (order.n_samples,) if loss == "cross_entropy" else (order.n_samples, model.sizes[-1])
     if y.shape != expected:
-        raise invalid("y", f"shape {y.shape}", f"shape {expected} for loss={settings['loss']!r}")
-    layout = Layout.build(grid, model.sizes, order.batch_size)
-    _check_workers(client, layout)
-    ensure_plugin(client)
-
-    namespace = f"{run_id}-resident-{uuid.uuid4().hex[:10]}"
-    eval_steps = [d for d in range(start + 1, stop + 1) if eval_fn is not None and eval_fn(d)]
-    spec = {
-        "namespace": namespace,
-        "layout": layout,
-        "settings": {k: settings[k] for k in ("loss", "output", "activation", "negative_slope", "lr", "momentum")}
-        | {"dtype": np.dtype(dtype).name},
-        "order": order,
-        "start": start,
-        "stop": stop,
-        "timeout": timeout,
-        "eval_steps": eval_steps,
-    }
-    data = {}
-    futures = []
-    try:
-        for k, worker in enumerate(layout.workers):
-            payload = _payload(layout, worker, model, velocity, X, y, settings["loss"])
-            key = f"{namespace}-data-{k}"
-            try:
-                data[worker] = client.scatter({key: payload}, workers=[worker], hash=False)[key]
-            except (OSError, KeyError) as exc:
-                # the worker left between the grid's set-up and the scatter (the scheduler no longer knows it)
-                if isinstance(exc, KeyError) and not (exc.args and exc.args[0] == worker):
-                    raise
-                raise ResidentError(f"worker {worker} left while its blocks were scattered ({exc!r})") from exc
-        futures = [
-            client.submit(
-                run_worker,
-                spec,
-                data[worker],
-                key=f"{namespace}-cells-{k}",
-                workers=[worker],
-                allow_other_workers=False,
-                pure=False,
-            )
-            for k, worker in enumerate(layout.workers)
-        ]
-        results = _wait(client, futures, layout, run_id)
-    finally:
-        client.cancel(futures + list(data.values()))
-        alive = set(current_workers(client))
-        client.run(
-            close_namespace,
-            namespace,
-            f"resident run {namespace} ended",
-            workers=[w for w in layout.workers if w in alive],
-            on_error="ignore",
-        )
-    return _assemble(layout, model, results, eval_steps, start)
+        raise invalid("y", f"shape {y.shape}", f"shape {expected} for loss={loss!r}")
+    return X, y
 
 
-# -- set-up --------------------------------------------------------------------
 def current_workers(client) -> list[str]:
     """Worker addresses straight from the scheduler.
 
@@ -244,6 +266,63 @@ def _payload(layout: Layout, worker: str, model: MLP, velocity, X, y, loss: str)
     return payload
 
 
+def _payloads(layout: Layout, model: MLP, velocity, X, y, loss: str):
+    """``(worker, its payload)`` for every worker of the grid, built one at a time."""
+    for worker in layout.workers:
+        yield worker, _payload(layout, worker, model, velocity, X, y, loss)
+
+
+# -- running -------------------------------------------------------------------
+def _run_cells(client, run: ResidentRun, payloads) -> list[dict]:
+    """Scatter each worker's blocks, run one task per worker and wait for all; always clean up."""
+    data: dict = {}
+    futures: list = []
+    try:
+        _scatter(client, run, payloads, into=data)
+        spec = run.spec()
+        futures = [
+            client.submit(
+                run_worker,
+                spec,
+                data[worker],
+                key=f"{run.namespace}-cells-{k}",
+                workers=[worker],
+                allow_other_workers=False,
+                pure=False,
+            )
+            for k, worker in enumerate(run.layout.workers)
+        ]
+        return _wait(client, futures, run.layout, run.run_id)
+    finally:
+        _clean_up(client, run, futures + list(data.values()))
+
+
+def _scatter(client, run: ResidentRun, payloads, *, into: dict) -> None:
+    """Each worker's payload onto that worker (``into``: worker -> future, filled as they go)."""
+    for k, (worker, payload) in enumerate(payloads):
+        key = f"{run.namespace}-data-{k}"
+        try:
+            into[worker] = client.scatter({key: payload}, workers=[worker], hash=False)[key]
+        except (OSError, KeyError) as exc:
+            # the worker left between the grid's set-up and the scatter (the scheduler no longer knows it)
+            if isinstance(exc, KeyError) and not (exc.args and exc.args[0] == worker):
+                raise
+            raise ResidentError(f"worker {worker} left while its blocks were scattered ({exc!r})") from exc
+
+
+def _clean_up(client, run: ResidentRun, futures: list) -> None:
+    """Release the run's futures and close its mailboxes on the workers still there."""
+    client.cancel(futures)
+    alive = set(current_workers(client))
+    client.run(
+        close_namespace,
+        run.namespace,
+        f"resident run {run.namespace} ended",
+        workers=[w for w in run.layout.workers if w in alive],
+        on_error="ignore",
+    )
+
+
 # -- waiting -------------------------------------------------------------------
 def _wait(client, futures, layout: Layout, run_id: str) -> list[dict]:
     """Wait for every worker's task; fail fast and clearly, never hang."""
@@ -263,7 +342,7 @@ def _wait(client, futures, layout: Layout, run_id: str) -> list[dict]:
             raise ResidentError(f"resident run {run_id} failed: {described} left the cluster during training")
         if failed:
             raise _failure(futures, layout, run_id)
-        wake.wait(POLL_SECONDS)
+        wake.wait(config.seconds("npt.poll-interval"))
 
 
 def _failure(futures, layout: Layout, run_id: str) -> ResidentError:
@@ -273,7 +352,7 @@ def _failure(futures, layout: Layout, run_id: str) -> ResidentError:
     worker whose task never finished (stuck, not started, or dead) while its
     peers timed out or were aborted waiting for it.
     """
-    deadline = time.monotonic() + SETTLE_SECONDS
+    deadline = time.monotonic() + config.seconds("npt.settle-time")
     last_change, done = time.monotonic(), sum(f.status != "pending" for f in futures)
     # the other cells stop within moments (they are aborted); a stuck one never does
     while time.monotonic() < deadline and done < len(futures) and time.monotonic() - last_change < 0.5:

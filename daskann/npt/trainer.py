@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
+from daskann import config
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._history import HistoryRecorder
-from daskann._progress import ProgressBar
+from daskann._typing import Activation, FloatDType, Loss, NPTMode, NPTPipeline, Output
 from daskann._validation import check_choice, check_float, invalid
 from daskann.nn import MLP, SGD
 from daskann.npt.grid import ProcessGrid, parse_grid
@@ -18,8 +20,6 @@ MODES = ("auto", "graph", "resident")
 
 PIPELINES = ("auto", "fused", "single", "double")
 _CHAINS = {"fused": 0, "single": 1, "double": 2}
-# restarts of a resident stretch from the same checkpointed state before giving up
-MAX_RESIDENT_RESTARTS = 2
 
 
 def resident_available() -> bool:
@@ -111,32 +111,43 @@ class NPTTrainer(BaseTrainer):
         self,
         hidden_sizes=(64,),
         *,
-        activation="relu",
-        output="linear",
-        loss="mse",
+        activation: Activation = "relu",
+        output: Output = "linear",
+        loss: Loss = "mse",
         lr=0.01,
         momentum=0.0,
         batch_size=32,
         shuffle=True,
         seed=0,
-        dtype="float64",
+        dtype: FloatDType = "float64",
         negative_slope=0.01,
         eval_every=None,
         checkpoint_dir=None,
         checkpoint_every=None,
         verbose=0,
         grid="auto",
-        mode="auto",
+        mode: NPTMode = "auto",
         share_workers=False,
         deterministic=True,
-        pipeline="auto",
+        pipeline: NPTPipeline = "auto",
         timeout=120.0,
         client=None,
     ):
         super().__init__(
-            hidden_sizes, activation=activation, output=output, loss=loss, lr=lr, momentum=momentum,
-            batch_size=batch_size, shuffle=shuffle, seed=seed, dtype=dtype, negative_slope=negative_slope,
-            eval_every=eval_every, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            hidden_sizes,
+            activation=activation,
+            output=output,
+            loss=loss,
+            lr=lr,
+            momentum=momentum,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            dtype=dtype,
+            negative_slope=negative_slope,
+            eval_every=eval_every,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
             verbose=verbose,
         )
         self.grid = grid
@@ -162,8 +173,14 @@ class NPTTrainer(BaseTrainer):
             raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
         if mode == "resident" and not resident_available():
             raise invalid("mode", mode, "'graph' or 'auto' (the resident engine cannot be imported here)")
-        return {"grid": grid, "mode": mode, "share_workers": bool(self.share_workers),
-                "deterministic": bool(self.deterministic), "timeout": timeout, "pipeline": pipeline}
+        return {
+            "grid": grid,
+            "mode": mode,
+            "share_workers": bool(self.share_workers),
+            "deterministic": bool(self.deterministic),
+            "timeout": timeout,
+            "pipeline": pipeline,
+        }
 
     def _check_cluster(self, client, npt: dict) -> list[str]:
         """Worker checks that need the scheduler's view but submit nothing."""
@@ -178,7 +195,8 @@ class NPTTrainer(BaseTrainer):
             if threaded:
                 w, n = next(iter(threaded.items()))
                 raise invalid(
-                    "deterministic", True,
+                    "deterministic",
+                    True,
                     f"a cluster whose workers run one thread each (worker {w} runs {n}; "
                     f"{len(threaded)} of {len(workers)} workers are multi-threaded), or deterministic=False",
                 )
@@ -187,8 +205,7 @@ class NPTTrainer(BaseTrainer):
         return workers
 
     # -- training ---------------------------------------------------------------------
-    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, init_model: MLP | None = None,
-            resume=None):
+    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, init_model: MLP | None = None, resume=None):
         """Train on the grid from the initialisation (or ``init_model``, or a checkpoint).
 
         Parameters
@@ -277,16 +294,31 @@ class NPTTrainer(BaseTrainer):
             self.cost_model_ = model
             if npt["grid"] == "auto":
                 shape, mode, table = costmodel.choose_grid(
-                    model, sizes, batch, mode=npt["mode"], n_workers=len(workers), resident_available=available,
-                    itemsize=itemsize)
+                    model,
+                    sizes,
+                    batch,
+                    mode=npt["mode"],
+                    n_workers=len(workers),
+                    resident_available=available,
+                    itemsize=itemsize,
+                )
                 self.plan_ = table
             else:
                 shape = npt["grid"]
-                mode = npt["mode"] if npt["mode"] != "auto" else model.choose_mode(
-                    sizes, batch, shape, resident_available=available, itemsize=itemsize)
-                self.plan_ = model.plan(sizes, batch, n_workers=len(workers), mode=npt["mode"],
-                                        resident_available=available, itemsize=itemsize,
-                                        grids=[tuple(shape)])
+                mode = (
+                    npt["mode"]
+                    if npt["mode"] != "auto"
+                    else model.choose_mode(sizes, batch, shape, resident_available=available, itemsize=itemsize)
+                )
+                self.plan_ = model.plan(
+                    sizes,
+                    batch,
+                    n_workers=len(workers),
+                    mode=npt["mode"],
+                    resident_available=available,
+                    itemsize=itemsize,
+                    grids=[tuple(shape)],
+                )
         else:
             shape, mode = npt["grid"], npt["mode"]
         self.grid_ = ProcessGrid.from_workers(shape, workers, share_workers=npt["share_workers"])
@@ -297,28 +329,42 @@ class NPTTrainer(BaseTrainer):
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
-        eval_steps = frozenset(d for d in range(start + 1, stop + 1) if d % eval_every == 0 or d == stop) \
-            if data.validation is not None else frozenset()
-        ckpt_steps = frozenset(d for d in range(start + 1, stop + 1)
-                               if d == stop or (ckpt_every and d % ckpt_every == 0)) \
-            if self.checkpoint_dir is not None else frozenset()
-        bar = ProgressBar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", enabled=bool(self.verbose))
-        run_id = f"daskann-npt-{uuid.uuid4().hex[:12]}"
-        offset = history.last_value("time", default=0.0)
+        eval_steps = (
+            frozenset(d for d in range(start + 1, stop + 1) if d % eval_every == 0 or d == stop)
+            if data.validation is not None
+            else frozenset()
+        )
+        ckpt_steps = (
+            frozenset(d for d in range(start + 1, stop + 1) if d == stop or (ckpt_every and d % ckpt_every == 0))
+            if self.checkpoint_dir is not None
+            else frozenset()
+        )
+        bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=start)
+        stretch = _Stretch(
+            start,
+            stop,
+            f"daskann-npt-{uuid.uuid4().hex[:12]}",
+            eval_steps,
+            ckpt_steps,
+            offset=history.last_value("time", default=0.0),
+        )
         self.model_, self.velocity_ = model, velocity
         diverged = None
         try:
-            if self.mode_ == "graph":
-                diverged = self._run_graph(client, model, velocity, start, stop, history, run_id, eval_steps,
-                                           ckpt_steps, bar, offset)
-            else:
-                diverged = self._run_resident(client, model, velocity, start, stop, history, run_id, eval_steps,
-                                              ckpt_steps, bar, offset)
+            run = self._run_graph if self.mode_ == "graph" else self._run_resident
+            diverged = run(client, model, velocity, stretch, history, bar)
         finally:
+            bar.close()
             self.n_steps_ = history.last_coord(default=start)
             attrs = self._history_attrs(settings)
-            attrs.update({"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_,
-                          "workers": len(set(self.grid_.workers)), "recoveries": int(self.recoveries_)})
+            attrs.update(
+                {
+                    "grid": f"{self.grid_.rows}x{self.grid_.cols}",
+                    "mode": self.mode_,
+                    "workers": len(set(self.grid_.workers)),
+                    "recoveries": int(self.recoveries_),
+                }
+            )
             if self.mode_ == "graph":
                 attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[self._chains(model.sizes)]
             self.history_ = history.to_dataset(attrs)
@@ -329,22 +375,38 @@ class NPTTrainer(BaseTrainer):
         settings, order = self._settings, self.batch_order_
 
         def save(step, model, velocity):
-            self._save_checkpoint(model, velocity, step, order, settings,
-                                  extra={"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_})
+            self._save_checkpoint(
+                model,
+                velocity,
+                step,
+                order,
+                settings,
+                extra={"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_},
+            )
 
         return save
 
-    def _run_graph(self, client, model, velocity, start, stop, history, run_id, eval_steps, ckpt_steps, bar, offset):
-        from daskann.npt._graph_run import train_graph
+    def _run_graph(self, client, model, velocity, stretch: _Stretch, history, bar):
+        from daskann.npt._graph_run import GraphRun, train_graph
 
-        settings, data = self._settings, self._data
-        result = train_graph(
-            client, self.grid_, model=model, velocity=velocity, X=data.X, y=data.y, validation=data.validation,
-            order=self.batch_order_, settings=settings, start=start, stop=stop, run_id=run_id,
-            chains=self._chains(model.sizes), timeout=self._npt["timeout"], eval_steps=eval_steps,
-            checkpoint_steps=ckpt_steps, on_checkpoint=self._checkpoint_fn(),
-            progress=lambda done, loss: bar.update(done, loss=loss), time_offset=offset,
+        data = self._data
+        run = GraphRun(
+            X=data.X,
+            y=data.y,
+            validation=data.validation,
+            order=self.batch_order_,
+            settings=self._settings,
+            stop=stretch.stop,
+            run_id=stretch.run_id,
+            chains=self._chains(model.sizes),
+            timeout=self._npt["timeout"],
+            eval_steps=stretch.eval_steps,
+            checkpoint_steps=stretch.ckpt_steps,
+            on_checkpoint=self._checkpoint_fn(),
+            progress=lambda done, loss: bar.update(done, loss=loss),
+            time_offset=stretch.offset,
         )
+        result = train_graph(client, self.grid_, run, model=model, velocity=velocity, start=stretch.start)
         for done in sorted(result.rows):
             history.append(done, **result.rows[done])
         self.model_, self.velocity_ = result.model, result.velocity
@@ -361,67 +423,104 @@ class NPTTrainer(BaseTrainer):
             return _CHAINS[self._npt["pipeline"]]
         return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
 
-    def _run_resident(self, client, model, velocity, start, stop, history, run_id, eval_steps, ckpt_steps, bar,
-                      offset):
-        from daskann.npt.grid import live_workers
-        from daskann.npt.resident import ResidentError, train_resident
-
-        settings, data = self._settings, self._data
-        t0 = time.perf_counter() - offset
+    def _run_resident(self, client, model, velocity, stretch: _Stretch, history, bar):
+        t0 = time.perf_counter() - stretch.offset
         save = self._checkpoint_fn()
-        bounds = sorted(ckpt_steps | {stop})
-        current = start
-        attempts = 0
-        for seg_stop in bounds:
+        current, attempts = stretch.start, 0
+        for seg_stop in sorted(stretch.ckpt_steps | {stretch.stop}):
             if seg_stop <= current:
                 continue
-            restarts = 0  # the budget is per checkpoint interval, as graph mode's replays
-            while True:
-                seg_t0 = time.perf_counter()
-                try:
-                    result = train_resident(
-                        client, self.grid_, model=model, velocity=velocity, X=data.X, y=data.y,
-                        order=self.batch_order_, settings=settings, start=current, stop=seg_stop,
-                        run_id=f"{run_id}-r{attempts}", timeout=self._npt["timeout"],
-                        eval_fn=(lambda d: d in eval_steps) if eval_steps else None,
-                    )
-                    break
-                except ResidentError as exc:
-                    alive = set(live_workers(client))
-                    if set(self.grid_.workers) <= alive:
-                        raise
-                    if restarts >= MAX_RESIDENT_RESTARTS:
-                        raise ResidentError(
-                            f"resident training lost grid workers {restarts + 1} times since step {current}; "
-                            f"giving up after {MAX_RESIDENT_RESTARTS} restarts from that state ({exc})"
-                        ) from exc
-                    # a worker left: restart this stretch from its starting state on the workers there are
-                    attempts += 1
-                    restarts += 1
-                    self.recoveries_ += 1
-                    from daskann.npt._graph_run import _regrid
-
-                    self.grid_ = _regrid(client, self.grid_, self._npt["timeout"])
-            elapsed = time.perf_counter() - seg_t0
-            busy = sum(r["compute_time"] + r["comm_time"] for r in result.rows) or 1.0
-            clock = seg_t0 - t0
-            for k, row in enumerate(result.rows):
-                done = current + k + 1
-                clock += (row["compute_time"] + row["comm_time"]) * elapsed / busy
-                values = {"loss": row["loss"], "time": clock, "compute_time": row["compute_time"],
-                          "comm_time": row["comm_time"], "bytes_moved": float(row["bytes_moved"])}
-                if done in result.snapshots:
-                    values.update(self._evaluate(result.snapshots[done], data.validation, settings["loss"]))
-                history.append(done, **values)
-                bar.update(done, loss=row["loss"])
+            result, seg_t0, attempts = self._resident_segment(
+                client, model, velocity, current, seg_stop, stretch, attempts
+            )
+            self._record_resident(result, current, seg_t0 - t0, time.perf_counter() - seg_t0, history, bar)
             model, velocity = result.model, result.velocity
             self.model_, self.velocity_ = model, velocity
             if result.diverged_step is not None:
                 return result.diverged_step, "the loss, its gradients or the weights"
             current = seg_stop
-            if seg_stop in ckpt_steps:
+            if seg_stop in stretch.ckpt_steps:
                 save(seg_stop, model, velocity)
         return None
+
+    def _resident_segment(self, client, model, velocity, start: int, stop: int, stretch: _Stretch, attempts: int):
+        """Steps ``start .. stop - 1`` in resident mode, restarted on the workers there are if a grid worker left.
+
+        Returns the result, when its (successful) try began, and the tries of the stretch so far.
+        """
+        from daskann.npt._graph_run import _regrid
+        from daskann.npt.grid import live_workers
+        from daskann.npt.resident import ResidentError, train_resident
+
+        data = self._data
+        restarts = 0  # the budget is per checkpoint interval, as graph mode's replays
+        while True:
+            seg_t0 = time.perf_counter()
+            try:
+                result = train_resident(
+                    client,
+                    self.grid_,
+                    model=model,
+                    velocity=velocity,
+                    X=data.X,
+                    y=data.y,
+                    order=self.batch_order_,
+                    settings=self._settings,
+                    start=start,
+                    stop=stop,
+                    run_id=f"{stretch.run_id}-r{attempts}",
+                    timeout=self._npt["timeout"],
+                    eval_fn=(lambda d: d in stretch.eval_steps) if stretch.eval_steps else None,
+                )
+                return result, seg_t0, attempts
+            except ResidentError as exc:
+                alive = set(live_workers(client))
+                if set(self.grid_.workers) <= alive:
+                    raise
+                if restarts >= (max_restarts := config.count("npt.resident-restarts")):
+                    raise ResidentError(
+                        f"resident training lost grid workers {restarts + 1} times since step {start}; "
+                        f"giving up after {max_restarts} restarts from that state ({exc})"
+                    ) from exc
+                # a worker left: restart this stretch from its starting state on the workers there are
+                attempts += 1
+                restarts += 1
+                self.recoveries_ += 1
+                self.grid_ = _regrid(client, self.grid_, self._npt["timeout"])
+
+    def _record_resident(self, result, start: int, clock: float, elapsed: float, history, bar) -> None:
+        """History rows of a resident segment that began ``clock`` seconds into the run and took ``elapsed``.
+
+        The segment's wall time is shared out over its steps in proportion to each step's compute and comm time.
+        """
+        settings, data = self._settings, self._data
+        busy = sum(r["compute_time"] + r["comm_time"] for r in result.rows) or 1.0
+        for k, row in enumerate(result.rows):
+            done = start + k + 1
+            clock += (row["compute_time"] + row["comm_time"]) * elapsed / busy
+            values = {
+                "loss": row["loss"],
+                "time": clock,
+                "compute_time": row["compute_time"],
+                "comm_time": row["comm_time"],
+                "bytes_moved": float(row["bytes_moved"]),
+            }
+            if done in result.snapshots:
+                values.update(self._evaluate(result.snapshots[done], data.validation, settings["loss"]))
+            history.append(done, **values)
+            bar.update(done, loss=row["loss"])
+
+
+@dataclass(frozen=True)
+class _Stretch:
+    """Steps ``start .. stop - 1`` of one ``fit`` or ``partial_fit`` call and what happens along the way."""
+
+    start: int
+    stop: int
+    run_id: str  # prefix of every task key of the stretch
+    eval_steps: frozenset  # step counts after which the validation set is evaluated
+    ckpt_steps: frozenset  # step counts after which a checkpoint is saved
+    offset: float = 0.0  # seconds already on the history's clock
 
 
 def _previous_history(resume, upto: int):

@@ -53,14 +53,54 @@ DATASETS = ("mnist1d", "digits", "mnist", "cifar10")
 #: target 0.81 with 3,000 steps, one width-256 network reached 0.8225, so the
 #: target sits above that and the full network gets 4,000 steps to reach it.
 PRESETS = {
-    "mnist1d": dict(n_samples=10000, hidden=(512, 512, 512), lr=0.05, momentum=0.9, batch_size=64, steps=4000,
-                    sub_steps=2000, finetune_steps=1000, eval_every=100, target=0.825),
-    "digits": dict(n_samples=None, hidden=(256, 256), lr=0.05, momentum=0.9, batch_size=32, steps=600,
-                   sub_steps=400, finetune_steps=300, eval_every=25, target=0.97),
-    "mnist": dict(n_samples=20000, hidden=(512, 512, 512), lr=0.05, momentum=0.9, batch_size=64, steps=3000,
-                  sub_steps=2000, finetune_steps=1000, eval_every=100, target=0.965),
-    "cifar10": dict(n_samples=20000, hidden=(512, 512, 512, 512), lr=0.01, momentum=0.9, batch_size=64,
-                    steps=3000, sub_steps=2000, finetune_steps=1000, eval_every=100, target=0.45),
+    "mnist1d": dict(
+        n_samples=10000,
+        hidden=(512, 512, 512),
+        lr=0.05,
+        momentum=0.9,
+        batch_size=64,
+        steps=4000,
+        sub_steps=2000,
+        finetune_steps=1000,
+        eval_every=100,
+        target=0.825,
+    ),
+    "digits": dict(
+        n_samples=None,
+        hidden=(256, 256),
+        lr=0.05,
+        momentum=0.9,
+        batch_size=32,
+        steps=600,
+        sub_steps=400,
+        finetune_steps=300,
+        eval_every=25,
+        target=0.97,
+    ),
+    "mnist": dict(
+        n_samples=20000,
+        hidden=(512, 512, 512),
+        lr=0.05,
+        momentum=0.9,
+        batch_size=64,
+        steps=3000,
+        sub_steps=2000,
+        finetune_steps=1000,
+        eval_every=100,
+        target=0.965,
+    ),
+    "cifar10": dict(
+        n_samples=20000,
+        hidden=(512, 512, 512, 512),
+        lr=0.01,
+        momentum=0.9,
+        batch_size=64,
+        steps=3000,
+        sub_steps=2000,
+        finetune_steps=1000,
+        eval_every=100,
+        target=0.45,
+    ),
 }
 
 
@@ -106,10 +146,17 @@ class BenchmarkConfig:
             n_samples=opts.get("n_samples"),
             hidden=None if hidden is None else _int_tuple("hidden", hidden),
             ks=None if ks is None else _int_tuple("k", ks),
-            seeds=opts.get("seeds"), target=opts.get("target"), steps=opts.get("steps"),
-            sub_steps=opts.get("sub_steps"), finetune_steps=opts.get("finetune_steps"), lr=opts.get("lr"),
-            momentum=opts.get("momentum"), batch_size=opts.get("batch_size"), eval_every=opts.get("eval_every"),
-            combine=opts.get("combine"), noise=opts.get("merge_noise"),
+            seeds=opts.get("seeds"),
+            target=opts.get("target"),
+            steps=opts.get("steps"),
+            sub_steps=opts.get("sub_steps"),
+            finetune_steps=opts.get("finetune_steps"),
+            lr=opts.get("lr"),
+            momentum=opts.get("momentum"),
+            batch_size=opts.get("batch_size"),
+            eval_every=opts.get("eval_every"),
+            combine=opts.get("combine"),
+            noise=opts.get("merge_noise"),
         )
 
     def validated(self) -> BenchmarkConfig:
@@ -123,15 +170,21 @@ class BenchmarkConfig:
         if self.dataset in ("mnist", "cifar10") and self.data_path is None:
             raise invalid("data_path", None, f"the local folder holding the {self.dataset} files")
         return replace(
-            self, hidden=hidden, ks=ks, target=target,
+            self,
+            hidden=hidden,
+            ks=ks,
+            target=target,
             seeds=check_int("seeds", self.seeds),
             n_samples=None if self.n_samples is None else check_int("n_samples", self.n_samples),
-            steps=check_int("steps", self.steps), sub_steps=check_int("sub_steps", self.sub_steps),
+            steps=check_int("steps", self.steps),
+            sub_steps=check_int("sub_steps", self.sub_steps),
             finetune_steps=check_int("finetune_steps", self.finetune_steps),
             lr=check_float("lr", self.lr, minimum=0.0, min_inclusive=False),
             momentum=check_float("momentum", self.momentum, minimum=0.0, maximum=1.0, max_inclusive=False),
-            batch_size=check_int("batch_size", self.batch_size), eval_every=check_int("eval_every", self.eval_every),
-            combine=check_combine(self.combine), noise=check_noise(self.noise),
+            batch_size=check_int("batch_size", self.batch_size),
+            eval_every=check_int("eval_every", self.eval_every),
+            combine=check_combine(self.combine),
+            noise=check_noise(self.noise),
         )
 
 
@@ -147,7 +200,7 @@ def _int_tuple(name: str, value) -> tuple[int, ...]:
 # -- measuring ------------------------------------------------------------------
 def time_to_target(times, accuracies, target: float) -> float | None:
     """Wall time of the first evaluation at or above ``target`` (``None`` if never)."""
-    for t, a in zip(times, accuracies):
+    for t, a in zip(times, accuracies, strict=True):
         if np.isfinite(a) and a >= target:
             return float(t)
     return None
@@ -166,7 +219,7 @@ def _record(times, accs, target, **extra) -> dict:
         "time_to_target": time_to_target(times, accs, target),
         "final_accuracy": float(accs[-1]) if len(accs) else None,
         "best_accuracy": float(np.max(accs)) if len(accs) else None,
-        "curve": [[round(float(t), 4), round(float(a), 5)] for t, a in zip(times, accs)],
+        "curve": [[round(float(t), 4), round(float(a), 5)] for t, a in zip(times, accs, strict=True)],
         **extra,
     }
 
@@ -180,7 +233,8 @@ def machine_report(client=None) -> dict:
     def blas():
         return [
             {k: info.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "threading_layer")}
-            for info in threadpoolctl.threadpool_info() if info.get("user_api") == "blas"
+            for info in threadpoolctl.threadpool_info()
+            if info.get("user_api") == "blas"
         ]
 
     report = {
@@ -243,14 +297,11 @@ def run_benchmark(
         seed and variant with its validation curve), ``summary`` (medians
         per variant), ``acceptance`` and ``files``.
     """
-    from threadpoolctl import threadpool_limits
-
     from daskann.cluster import client as make_client
     from daskann.cluster import close
 
     config = config.validated()
     n_workers = check_int("workers", n_workers)
-    say = progress or (lambda line: None)
     data = _load(config)
     owned = None
     if client is None:
@@ -262,16 +313,7 @@ def run_benchmark(
         "runs": [],
     }
     try:
-        report["machine"] = machine_report(client)
-        report["machine"]["load_average_before"] = _loadavg()
-        # every process trains with one BLAS thread, as each worker does
-        with threadpool_limits(limits=1, user_api="blas"):
-            for seed in range(config.seeds):
-                report["runs"].extend(_one_seed(config, data, client, seed, say))
-                report["seconds"] = round(time.perf_counter() - started, 2)
-                report["seeds_done"] = seed + 1
-                if output is not None and seed + 1 < config.seeds:
-                    _write_json(report, output)  # a long run leaves its partial results behind
+        _run_seeds(report, config, data, client, started=started, output=output, say=progress or (lambda line: None))
     finally:
         if owned is not None:
             close(owned)
@@ -282,6 +324,22 @@ def run_benchmark(
     if output is not None:
         report["files"] = write_report(report, output)
     return report
+
+
+def _run_seeds(report: dict, config: BenchmarkConfig, data, client, *, started: float, output, say) -> None:
+    """Every seed's runs into ``report``, with the machine they ran on."""
+    from threadpoolctl import threadpool_limits
+
+    report["machine"] = machine_report(client)
+    report["machine"]["load_average_before"] = _loadavg()
+    # every process trains with one BLAS thread, as each worker does
+    with threadpool_limits(limits=1, user_api="blas"):
+        for seed in range(config.seeds):
+            report["runs"].extend(_one_seed(config, data, client, seed, say))
+            report["seconds"] = round(time.perf_counter() - started, 2)
+            report["seeds_done"] = seed + 1
+            if output is not None and seed + 1 < config.seeds:
+                _write_json(report, output)  # a long run leaves its partial results behind
 
 
 def _loadavg():
@@ -308,92 +366,210 @@ def _cpu_of_submodels(results, parallel: bool) -> float:
     return float(max(per_worker.values()))
 
 
-def _one_seed(config: BenchmarkConfig, data, client, seed: int, say) -> list[dict]:
-    from daskann.partition.trainer import PartitionTrainer
-    from daskann.serial import SerialTrainer
+@dataclass(frozen=True)
+class _Seed:
+    """What every variant of one seed shares: settings, data, cluster and trainer keywords."""
 
-    common = dict(loss=data.loss, lr=config.lr, momentum=config.momentum, batch_size=config.batch_size,
-                  eval_every=config.eval_every, seed=seed)
-    val = (data.X_val, data.y_val)
-    target = config.target
+    config: BenchmarkConfig
+    data: object
+    client: object
+    seed: int
+
+    @property
+    def common(self) -> dict:
+        c = self.config
+        return dict(
+            loss=self.data.loss,
+            lr=c.lr,
+            momentum=c.momentum,
+            batch_size=c.batch_size,
+            eval_every=c.eval_every,
+            seed=self.seed,
+        )
+
+    @property
+    def val(self) -> tuple:
+        return self.data.X_val, self.data.y_val
+
+    def partition(self, k: int, mode: str):
+        from daskann.partition.trainer import PartitionTrainer
+
+        c = self.config
+        return PartitionTrainer(
+            c.hidden,
+            **self.common,
+            k=k,
+            combine=c.combine,
+            noise=c.noise,
+            sub_steps=c.sub_steps,
+            mode=mode,
+            client=self.client,
+        )
+
+
+def _one_seed(config: BenchmarkConfig, data, client, seed: int, say) -> list[dict]:
+    """The runs of one seed: full, then per ``k`` alone, parallel and sequential."""
+    s = _Seed(config, data, client, seed)
     runs = []
 
-    full = SerialTrainer(config.hidden, **common)
-    wall, cpu = _timed_fit(full, data.X_train, data.y_train, steps=config.steps, validation_data=val)
-    t, a = _curve(full.history_)
-    runs.append(_record(t, a, target, variant="full", k=1, seed=seed, steps=config.steps, seconds=wall,
-                        cpu_seconds=cpu, cpu_scale=cpu / wall))
-    say(_line(runs[-1]))
+    def add(*records):
+        for record in records:
+            runs.append(record)
+            say(_line(record))
+
+    add(_full(s))
     for k in config.ks:
-        narrow = tuple(-(-h // k) for h in config.hidden)  # the widest sub-model of the split
-        alone = None
-        if config.sub_steps < config.steps:
-            alone = SerialTrainer(narrow, **common)
-            wall, cpu = _timed_fit(alone, data.X_train, data.y_train, steps=config.steps, validation_data=val)
-            t, a = _curve(alone.history_)
-            runs.append(_record(t, a, target, variant=f"alone-{k}", k=k, seed=seed, steps=config.steps,
-                                hidden=narrow, seconds=wall, cpu_seconds=cpu))
-            say(_line(runs[-1]))
-
-        par = PartitionTrainer(config.hidden, **common, k=k, combine=config.combine, noise=config.noise,
-                               sub_steps=config.sub_steps, mode="parallel", client=client)
-        par.fit(data.X_train, data.y_train, steps=config.finetune_steps, validation_data=val)
-        t, a = _curve(par.history_, phases=["merge", "finetune"])
-        st, sa = _curve(par.history_, phases=["submodel"])
-        timings = par.timings_
-        merged_at = timings["submodel"] + timings["merge"]
-        finetune_scale = timings["finetune_cpu"] / timings["finetune"]
-        merged_acc = float(par.history_["val_accuracy"].values[par.history_["phase"].values == "merge"][0])
-        par_cpu = _cpu_of_submodels(par.submodel_results_, parallel=True)
-        runs.append(_record(
-            t, a, target, variant=f"parallel-{k}", k=k, seed=seed, sub_steps=config.sub_steps,
-            steps=config.finetune_steps, seconds=float(timings["total"]), seconds_submodels=timings["submodel"],
-            seconds_merge=timings["merge"], seconds_finetune=timings["finetune"],
-            submodel_training_seconds=timings["submodel_each"], submodel_cpu_seconds=timings["submodel_cpu_each"],
-            cpu_submodels=par_cpu, finetune_cpu_scale=finetune_scale, merged_at=merged_at,
-            merged_accuracy=merged_acc,
-            submodel_curve=[[round(float(x), 4), round(float(y), 5)] for x, y in zip(st, sa)],
-            submodel_accuracy=[float(r.history["val_accuracy"].dropna("step").values[-1])
-                               for r in par.submodel_results_],
-            workers=[r.worker for r in par.submodel_results_],
-            overlap=_overlap(par.submodel_results_), diversity={
-                "representation": par.diversity_["representation"], "disagreement": par.diversity_["disagreement"],
-            },
-        ))
-        say(_line(runs[-1]))
+        alone = _alone(s, k) if config.sub_steps < config.steps else None
+        if alone is not None:
+            add(alone)
+        par, record = _parallel(s, k)
+        add(record)
         if alone is None:
-            # each sub-model is a width-H/k network trained alone for at least the full network's steps
-            for r in par.submodel_results_:
-                h = r.history.sel(step=slice(1, config.steps))
-                t_alone, a_alone = _curve(h)
-                runs.append(_record(t_alone, a_alone, target, variant=f"alone-{k}", k=k, seed=seed,
-                                    steps=config.steps, hidden=list(par.partition_.submodel_sizes(r.index)[1:-1]),
-                                    submodel=r.index, seconds=float(h["time"].values[-1])))
-                say(_line(runs[-1]))
-
-        seq = PartitionTrainer(config.hidden, **common, k=k, combine=config.combine, noise=config.noise,
-                               sub_steps=config.sub_steps, mode="sequential", client=client)
-        seq.fit_submodels(data.X_train, data.y_train, validation_data=val)
-        identical = all(
-            all(np.array_equal(p, q) for p, q in zip(m1.params, m2.params))
-            for m1, m2 in zip(seq.submodels_, par.submodels_)
-        )
-        if not identical:
-            raise RuntimeError(f"seed={seed}, k={k}: sequential and parallel sub-models differ; "
-                               "the sub-model tasks are not deterministic on this cluster")
-        # the merge and fine-tuning are the parallel run's: same sub-models, same arithmetic
-        shift = seq.timings_["submodel"] - timings["submodel"]
-        runs.append(_record(
-            t + shift, a, target, variant=f"sequential-{k}", k=k, seed=seed, sub_steps=config.sub_steps,
-            steps=config.finetune_steps, seconds=float(timings["total"] + shift),
-            seconds_submodels=seq.timings_["submodel"], identical_submodels=identical,
-            cpu_submodels=_cpu_of_submodels(seq.submodel_results_, parallel=False),
-            finetune_cpu_scale=finetune_scale, merged_at=merged_at + shift, merged_accuracy=merged_acc,
-        ))
-        say(_line(runs[-1]))
+            add(*_alone_from_submodels(s, k, par))
+        add(_sequential(s, k, par, record))
     for run in runs:
         run["cpu_time_to_target"] = _cpu_time_to_target(run)
     return runs
+
+
+def _full(s: _Seed) -> dict:
+    """The full network from scratch, serially."""
+    from daskann.serial import SerialTrainer
+
+    c = s.config
+    full = SerialTrainer(c.hidden, **s.common)
+    wall, cpu = _timed_fit(full, s.data.X_train, s.data.y_train, steps=c.steps, validation_data=s.val)
+    t, a = _curve(full.history_)
+    return _record(
+        t,
+        a,
+        c.target,
+        variant="full",
+        k=1,
+        seed=s.seed,
+        steps=c.steps,
+        seconds=wall,
+        cpu_seconds=cpu,
+        cpu_scale=cpu / wall,
+    )
+
+
+def _alone(s: _Seed, k: int) -> dict:
+    """The widest sub-model of the split, trained alone as long as the full network."""
+    from daskann.serial import SerialTrainer
+
+    c = s.config
+    narrow = tuple(-(-h // k) for h in c.hidden)
+    alone = SerialTrainer(narrow, **s.common)
+    wall, cpu = _timed_fit(alone, s.data.X_train, s.data.y_train, steps=c.steps, validation_data=s.val)
+    t, a = _curve(alone.history_)
+    return _record(
+        t,
+        a,
+        c.target,
+        variant=f"alone-{k}",
+        k=k,
+        seed=s.seed,
+        steps=c.steps,
+        hidden=narrow,
+        seconds=wall,
+        cpu_seconds=cpu,
+    )
+
+
+def _parallel(s: _Seed, k: int):
+    """:class:`PartitionTrainer` with parallel sub-models; the trainer and its record."""
+    c = s.config
+    par = s.partition(k, "parallel")
+    par.fit(s.data.X_train, s.data.y_train, steps=c.finetune_steps, validation_data=s.val)
+    t, a = _curve(par.history_, phases=["merge", "finetune"])
+    st, sa = _curve(par.history_, phases=["submodel"])
+    timings, results = par.timings_, par.submodel_results_
+    record = _record(
+        t,
+        a,
+        c.target,
+        variant=f"parallel-{k}",
+        k=k,
+        seed=s.seed,
+        sub_steps=c.sub_steps,
+        steps=c.finetune_steps,
+        seconds=float(timings["total"]),
+        seconds_submodels=timings["submodel"],
+        seconds_merge=timings["merge"],
+        seconds_finetune=timings["finetune"],
+        submodel_training_seconds=timings["submodel_each"],
+        submodel_cpu_seconds=timings["submodel_cpu_each"],
+        cpu_submodels=_cpu_of_submodels(results, parallel=True),
+        finetune_cpu_scale=timings["finetune_cpu"] / timings["finetune"],
+        merged_at=timings["submodel"] + timings["merge"],
+        merged_accuracy=float(par.history_["val_accuracy"].values[par.history_["phase"].values == "merge"][0]),
+        submodel_curve=[[round(float(x), 4), round(float(y), 5)] for x, y in zip(st, sa, strict=True)],
+        submodel_accuracy=[float(r.history["val_accuracy"].dropna("step").values[-1]) for r in results],
+        workers=[r.worker for r in results],
+        overlap=_overlap(results),
+        diversity={"representation": par.diversity_["representation"], "disagreement": par.diversity_["disagreement"]},
+    )
+    return par, record
+
+
+def _alone_from_submodels(s: _Seed, k: int, par) -> list[dict]:
+    """Each sub-model is a width-H/k network trained alone for at least the full network's steps."""
+    records = []
+    for r in par.submodel_results_:
+        h = r.history.sel(step=slice(1, s.config.steps))
+        t, a = _curve(h)
+        records.append(
+            _record(
+                t,
+                a,
+                s.config.target,
+                variant=f"alone-{k}",
+                k=k,
+                seed=s.seed,
+                steps=s.config.steps,
+                hidden=list(par.partition_.submodel_sizes(r.index)[1:-1]),
+                submodel=r.index,
+                seconds=float(h["time"].values[-1]),
+            )
+        )
+    return records
+
+
+def _sequential(s: _Seed, k: int, par, par_record: dict) -> dict:
+    """The same sub-models one after another; the merge and fine-tuning are the parallel run's."""
+    c = s.config
+    seq = s.partition(k, "sequential")
+    seq.fit_submodels(s.data.X_train, s.data.y_train, validation_data=s.val)
+    identical = all(
+        all(np.array_equal(p, q) for p, q in zip(m1.params, m2.params, strict=True))
+        for m1, m2 in zip(seq.submodels_, par.submodels_, strict=True)
+    )
+    if not identical:
+        raise RuntimeError(
+            f"seed={s.seed}, k={k}: sequential and parallel sub-models differ; "
+            "the sub-model tasks are not deterministic on this cluster"
+        )
+    # same sub-models, same arithmetic: only the sub-model phase's duration differs
+    t, a = _curve(par.history_, phases=["merge", "finetune"])
+    shift = seq.timings_["submodel"] - par.timings_["submodel"]
+    return _record(
+        t + shift,
+        a,
+        c.target,
+        variant=f"sequential-{k}",
+        k=k,
+        seed=s.seed,
+        sub_steps=c.sub_steps,
+        steps=c.finetune_steps,
+        seconds=float(par.timings_["total"] + shift),
+        seconds_submodels=seq.timings_["submodel"],
+        identical_submodels=identical,
+        cpu_submodels=_cpu_of_submodels(seq.submodel_results_, parallel=False),
+        finetune_cpu_scale=par_record["finetune_cpu_scale"],
+        merged_at=par_record["merged_at"] + shift,
+        merged_accuracy=par_record["merged_accuracy"],
+    )
 
 
 def _cpu_time_to_target(run: dict) -> float | None:
@@ -423,9 +599,11 @@ def _overlap(results) -> float:
 
 def _line(run: dict) -> str:
     ttt = run["time_to_target"]
-    return (f"seed {run['seed']} {run['variant']:>13s}: time to target "
-            f"{'not reached' if ttt is None else f'{ttt:7.2f} s'}, final accuracy {run['final_accuracy']:.4f}, "
-            f"best {run['best_accuracy']:.4f}")
+    return (
+        f"seed {run['seed']} {run['variant']:>13s}: time to target "
+        f"{'not reached' if ttt is None else f'{ttt:7.2f} s'}, final accuracy {run['final_accuracy']:.4f}, "
+        f"best {run['best_accuracy']:.4f}"
+    )
 
 
 # -- summary --------------------------------------------------------------------
@@ -466,7 +644,8 @@ def summarize_runs(runs: list[dict], config: BenchmarkConfig) -> dict:
             "median_speedup": float(np.median(finite)) if len(finite) == len(rows) and finite else None,
             "speedups": [None if s is None else round(s, 3) for s in speedups],
             "median_cpu_speedup": float(np.median(cpu_speedups))
-            if cpu_speedups and all(c is not None for c in cpu_speedups) else None,
+            if cpu_speedups and all(c is not None for c in cpu_speedups)
+            else None,
             "cpu_speedups": [None if c is None else round(c, 3) for c in cpu_speedups],
             "median_final_accuracy": float(np.median([r["final_accuracy"] for r in rows])),
             "median_best_accuracy": float(np.median([r["best_accuracy"] for r in rows])),
@@ -479,9 +658,11 @@ def summarize_runs(runs: list[dict], config: BenchmarkConfig) -> dict:
             summary[name]["median_seconds_submodels"] = float(np.median([r["seconds_submodels"] for r in rows]))
             summary[name]["median_merged_accuracy"] = float(np.median([r["merged_accuracy"] for r in rows]))
             summary[name]["median_diversity_representation"] = float(
-                np.median([r["diversity"]["representation"] for r in rows]))
+                np.median([r["diversity"]["representation"] for r in rows])
+            )
             summary[name]["median_diversity_disagreement"] = float(
-                np.median([r["diversity"]["disagreement"] for r in rows]))
+                np.median([r["diversity"]["disagreement"] for r in rows])
+            )
             summary[name]["median_overlap_seconds"] = float(np.median([r["overlap"] for r in rows]))
         if name.startswith("sequential"):
             summary[name]["median_seconds_submodels"] = float(np.median([r["seconds_submodels"] for r in rows]))
@@ -503,8 +684,11 @@ def acceptance(summary: dict, config: BenchmarkConfig) -> dict:
         out["parallel-2_speedup_at_least_1.5"] = bool(speedup is not None and speedup >= 1.5)
         out["parallel-2_final_accuracy_diff_points"] = diff
         out["parallel-2_final_accuracy_within_0.5_points"] = bool(diff >= -0.5)
-        out["met"] = bool(out["parallel-2_speedup_at_least_1.5"] and out["parallel-2_final_accuracy_within_0.5_points"]
-                          and out.get("alone-2_never_reached_target", True))
+        out["met"] = bool(
+            out["parallel-2_speedup_at_least_1.5"]
+            and out["parallel-2_final_accuracy_within_0.5_points"]
+            and out.get("alone-2_never_reached_target", True)
+        )
     return out
 
 
@@ -532,46 +716,68 @@ def write_report(report: dict, output) -> dict:
     return files
 
 
+#: colour and label of each variant family in the plot
+_COLOURS = {"full": "black", "parallel": "tab:blue", "sequential": "tab:orange", "alone": "tab:gray"}
+_LABELS = {
+    "full": "full network from scratch",
+    "parallel": "{k} sub-models in parallel + merge + fine-tune",
+    "sequential": "{k} sub-models one after another + merge + fine-tune",
+    "alone": "width H/{k} network alone",
+}
+
+
 def plot_report(report: dict, path) -> Path:
     """Validation accuracy against wall time: full, parallel and sequential, one panel per k."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from daskann import _plotting
 
     ks = report["config"]["ks"]
-    target = report["config"]["target"]
-    fig, axes = plt.subplots(1, len(ks), figsize=(6 * len(ks), 4.2), squeeze=False)
-    colours = {"full": "black", "parallel": "tab:blue", "sequential": "tab:orange", "alone": "tab:gray"}
-    for ax, k in zip(axes[0], ks):
-        for run in report["runs"]:
-            family = run["variant"].split("-")[0]
-            if run["variant"] != "full" and run["k"] != k:
-                continue
-            first = run["seed"] == 0 and run.get("submodel", 0) == 0
-            xs, ys = zip(*run["curve"]) if run["curve"] else ((), ())
-            label = {"full": "full network from scratch", "parallel": f"{k} sub-models in parallel + merge + fine-tune",
-                     "sequential": f"{k} sub-models one after another + merge + fine-tune",
-                     "alone": f"width H/{k} network alone"}[family]
-            ax.plot(xs, ys, color=colours[family], alpha=0.8 if first else 0.3, lw=1.4 if first else 0.8,
-                    label=label if first else None, ls=":" if family == "alone" else "-")
-            if family in ("parallel", "sequential"):
-                ax.axvline(run["seconds_submodels"], color=colours[family], alpha=0.15, lw=0.8)
-            if family == "parallel" and run.get("submodel_curve"):
-                sx, sy = zip(*run["submodel_curve"])
-                ax.plot(sx, sy, color=colours[family], alpha=0.35 if first else 0.15, lw=0.8, ls="--",
-                        label="sub-models (mean), parallel" if first else None)
-        ax.axhline(target, color="red", lw=0.8, ls="--", label=f"target {target:g}")
-        ax.set_xlabel("wall time (s)")
-        ax.set_ylabel("validation accuracy")
-        ax.set_title(f"k = {k}: {report['config']['dataset']} {'-'.join(map(str, report['config']['hidden']))}")
-        low = max(min(0.5, target - 0.2), 0.0)
-        ax.set_ylim(low, min(1.0, target + 0.1))
-        ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    fig, axes = _plotting.figure(len(ks), size=(6, 4.2))
+    for ax, k in zip(axes, ks, strict=True):
+        _plot_panel(ax, report, k)
+    return _plotting.save(fig, path, dpi=120)
+
+
+def _plot_panel(ax, report: dict, k: int) -> None:
+    """One panel: every run of ``k`` sub-models (and the full network); seed 0 drawn bold."""
+    config = report["config"]
+    target = config["target"]
+    for run in report["runs"]:
+        family = run["variant"].split("-")[0]
+        if run["variant"] != "full" and run["k"] != k:
+            continue
+        first = run["seed"] == 0 and run.get("submodel", 0) == 0
+        colour = _COLOURS[family]
+        xs, ys = zip(*run["curve"], strict=True) if run["curve"] else ((), ())
+        ax.plot(
+            xs,
+            ys,
+            color=colour,
+            alpha=0.8 if first else 0.3,
+            lw=1.4 if first else 0.8,
+            label=_LABELS[family].format(k=k) if first else None,
+            ls=":" if family == "alone" else "-",
+        )
+        if family in ("parallel", "sequential"):
+            ax.axvline(run["seconds_submodels"], color=colour, alpha=0.15, lw=0.8)
+        if family == "parallel" and run.get("submodel_curve"):
+            sx, sy = zip(*run["submodel_curve"], strict=True)
+            ax.plot(
+                sx,
+                sy,
+                color=colour,
+                alpha=0.35 if first else 0.15,
+                lw=0.8,
+                ls="--",
+                label="sub-models (mean), parallel" if first else None,
+            )
+    ax.axhline(target, color="red", lw=0.8, ls="--", label=f"target {target:g}")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("validation accuracy")
+    ax.set_title(f"k = {k}: {config['dataset']} {'-'.join(map(str, config['hidden']))}")
+    ax.set_xlim(left=0)
+    ax.set_ylim(max(min(0.5, target - 0.2), 0.0), min(1.0, target + 0.1))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
 
 
 def print_report(report: dict, *, as_json: bool = False, echo=None) -> None:
@@ -584,34 +790,44 @@ def print_report(report: dict, *, as_json: bool = False, echo=None) -> None:
         return
     m = report["machine"]
     c = report["config"]
-    echo(f"partition benchmark: {c['dataset']} {'-'.join(map(str, c['hidden']))}, target accuracy {c['target']:g}, "
-         f"{c['seeds']} seeds, full {c['steps']} steps, sub-models {c['sub_steps']} + fine-tune "
-         f"{c['finetune_steps']} steps, lr {c['lr']:g}, momentum {c['momentum']:g}, batch {c['batch_size']}, "
-         f"combine {c['combine']}, noise {c['noise']:g}")
+    echo(
+        f"partition benchmark: {c['dataset']} {'-'.join(map(str, c['hidden']))}, target accuracy {c['target']:g}, "
+        f"{c['seeds']} seeds, full {c['steps']} steps, sub-models {c['sub_steps']} + fine-tune "
+        f"{c['finetune_steps']} steps, lr {c['lr']:g}, momentum {c['momentum']:g}, batch {c['batch_size']}, "
+        f"combine {c['combine']}, noise {c['noise']:g}"
+    )
     blas = (m.get("client_blas") or [{}])[0]
-    echo(f"machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores, {m.get('workers')} workers x "
-         f"{m.get('threads_per_worker')} thread, BLAS {blas.get('internal_api')} {blas.get('version')} "
-         f"({blas.get('architecture')}), 1 BLAS thread per process; load average {m['load_average_before']} -> "
-         f"{m['load_average_after']}")
-    header = f"{'variant':>14s} {'reached':>8s} {'median ttt (s)':>15s} {'median speedup':>15s} " \
-             f"{'CPU-time speedup':>17s} {'final acc':>10s} {'vs full (pts)':>14s}"
+    echo(
+        f"machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores, {m.get('workers')} workers x "
+        f"{m.get('threads_per_worker')} thread, BLAS {blas.get('internal_api')} {blas.get('version')} "
+        f"({blas.get('architecture')}), 1 BLAS thread per process; load average {m['load_average_before']} -> "
+        f"{m['load_average_after']}"
+    )
+    header = (
+        f"{'variant':>14s} {'reached':>8s} {'median ttt (s)':>15s} {'median speedup':>15s} "
+        f"{'CPU-time speedup':>17s} {'final acc':>10s} {'vs full (pts)':>14s}"
+    )
     echo(header)
     for name, s in report["summary"].items():
         ttt = s["median_time_to_target"]
         sp = s["median_speedup"]
         cpu = s.get("median_cpu_speedup")
         diff = s.get("median_final_accuracy_diff_points")
-        echo(f"{name:>14s} {s['reached_target']:>4d}/{s['runs']:<3d} "
-             f"{'-' if ttt is None else f'{ttt:.2f}':>15s} {'-' if sp is None else f'{sp:.2f}x':>15s} "
-             f"{'-' if cpu is None else f'{cpu:.2f}x':>17s} "
-             f"{s['median_final_accuracy']:>10.4f} {'' if diff is None else f'{diff:+.2f}':>14s}")
+        echo(
+            f"{name:>14s} {s['reached_target']:>4d}/{s['runs']:<3d} "
+            f"{'-' if ttt is None else f'{ttt:.2f}':>15s} {'-' if sp is None else f'{sp:.2f}x':>15s} "
+            f"{'-' if cpu is None else f'{cpu:.2f}x':>17s} "
+            f"{s['median_final_accuracy']:>10.4f} {'' if diff is None else f'{diff:+.2f}':>14s}"
+        )
     acc = report["acceptance"]
     if "met" in acc:
         fmt = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
-        echo(f"k=2 parallel: median speedup {fmt(acc['parallel-2_median_speedup'])} (CPU time: "
-             f"{fmt(acc['parallel-2_median_cpu_speedup'])}), final accuracy "
-             f"{acc['parallel-2_final_accuracy_diff_points']:+.2f} points vs full; acceptance "
-             f"{'met' if acc['met'] else 'NOT met'}")
+        echo(
+            f"k=2 parallel: median speedup {fmt(acc['parallel-2_median_speedup'])} (CPU time: "
+            f"{fmt(acc['parallel-2_median_cpu_speedup'])}), final accuracy "
+            f"{acc['parallel-2_final_accuracy_diff_points']:+.2f} points vs full; acceptance "
+            f"{'met' if acc['met'] else 'NOT met'}"
+        )
     for k in c["ks"]:
         key = f"alone-{k}_never_reached_target"
         if acc.get(key) is not None:

@@ -9,7 +9,9 @@ import click
 from daskann._cli_common import (
     cli_errors,
     cluster_options,
+    connect,
     data_options,
+    option_errors,
     output_options,
     run_training,
     training_options,
@@ -19,20 +21,40 @@ from daskann._cli_common import (
 def _partition_options(func):
     options = [
         click.option("-k", "--k", "k", type=int, default=2, show_default=True, help="Number of sub-models."),
-        click.option("--combine", type=click.Choice(["mean", "sum"]), default="mean", show_default=True,
-                     help="Output layer of the merge: mean or sum of the sub-models' logits."),
-        click.option("--merge-noise", type=float, default=0.02, show_default=True,
-                     help="Uniform merge noise relative to each parameter array's largest |value| "
-                          "(--noise is the linear data's noise)."),
+        click.option(
+            "--combine",
+            type=click.Choice(["mean", "sum"]),
+            default="mean",
+            show_default=True,
+            help="Output layer of the merge: mean or sum of the sub-models' logits.",
+        ),
+        click.option(
+            "--merge-noise",
+            type=float,
+            default=0.02,
+            show_default=True,
+            help="Uniform merge noise relative to each parameter array's largest |value| "
+            "(--noise is the linear data's noise).",
+        ),
         click.option("--sub-steps", type=int, default=None, help="Steps of each sub-model (default: as fine-tuning)."),
         click.option("--sub-epochs", type=int, default=None, help="Epochs of each sub-model instead of steps."),
         click.option("--sequential", is_flag=True, help="Train the sub-models one after another, not in parallel."),
-        click.option("--sub-trainer", type=click.Choice(["serial", "npt"]), default="serial", show_default=True,
-                     help="Trainer of the sub-models."),
-        click.option("--finetune-trainer", type=click.Choice(["serial", "npt"]), default=None,
-                     help="Trainer of the merged network (default: as --sub-trainer)."),
-        click.option("--retries", type=int, default=2, show_default=True,
-                     help="Extra attempts of a sub-model task that raises."),
+        click.option(
+            "--sub-trainer",
+            type=click.Choice(["serial", "npt"]),
+            default="serial",
+            show_default=True,
+            help="Trainer of the sub-models.",
+        ),
+        click.option(
+            "--finetune-trainer",
+            type=click.Choice(["serial", "npt"]),
+            default=None,
+            help="Trainer of the merged network (default: as --sub-trainer).",
+        ),
+        click.option(
+            "--retries", type=int, default=2, show_default=True, help="Extra attempts of a sub-model task that raises."
+        ),
     ]
     for option in reversed(options):
         func = option(func)
@@ -40,10 +62,7 @@ def _partition_options(func):
 
 
 def _connect(opts: dict):
-    from daskann.cluster import client
-
-    return client(address=opts.get("address"), profile=opts.get("profile"), n_workers=opts.get("workers"),
-                  quiet=bool(opts.get("quiet") or opts.get("as_json")))
+    return connect(opts, quiet=bool(opts.get("quiet") or opts.get("as_json")))
 
 
 def partition_summary(trainer) -> dict:
@@ -67,7 +86,8 @@ def partition_summary(trainer) -> dict:
         extra["merged_val_accuracy"] = float(merged["val_accuracy"].values[0])
     sub_acc = [
         float(r.history["val_accuracy"].dropna("step").values[-1])
-        for r in trainer.submodel_results_ if r is not None and "val_accuracy" in r.history
+        for r in trainer.submodel_results_
+        if r is not None and "val_accuracy" in r.history
     ]
     if sub_acc:
         extra["submodel_val_accuracy"] = sub_acc
@@ -89,17 +109,26 @@ def train_command(**opts):
     from daskann.cluster import close
     from daskann.partition import PartitionTrainer
 
-    # every check that needs no data runs before the data loads and a cluster starts
-    make_probe(opts)._check_settings()
+    # every check that needs no data runs before the data loads and a cluster starts;
+    # the trainer's noise is --merge-noise here (--noise is the linear data's)
+    with option_errors({"noise": "merge_noise"}):
+        make_probe(opts)._check_settings()
     state = {"client": None}
 
     def make(settings, dataset):
         state["client"] = _connect(opts)
         return PartitionTrainer(
-            **settings, k=opts["k"], combine=opts["combine"], noise=opts["merge_noise"],
-            sub_steps=opts["sub_steps"], sub_epochs=opts["sub_epochs"],
-            mode="sequential" if opts["sequential"] else "parallel", sub_trainer=opts["sub_trainer"],
-            finetune_trainer=opts["finetune_trainer"], retries=opts["retries"], client=state["client"],
+            **settings,
+            k=opts["k"],
+            combine=opts["combine"],
+            noise=opts["merge_noise"],
+            sub_steps=opts["sub_steps"],
+            sub_epochs=opts["sub_epochs"],
+            mode="sequential" if opts["sequential"] else "parallel",
+            sub_trainer=opts["sub_trainer"],
+            finetune_trainer=opts["finetune_trainer"],
+            retries=opts["retries"],
+            client=state["client"],
         )
 
     try:
@@ -115,20 +144,37 @@ def make_probe(opts: dict):
 
     hidden = opts.get("hidden") or (64,)
     return PartitionTrainer(
-        hidden, lr=opts["lr"], momentum=opts["momentum"], batch_size=opts["batch_size"], k=opts["k"],
-        combine=opts["combine"], noise=opts["merge_noise"], sub_steps=opts["sub_steps"],
-        sub_epochs=opts["sub_epochs"], sub_trainer=opts["sub_trainer"], finetune_trainer=opts["finetune_trainer"],
-        retries=opts["retries"], seed=opts["seed"], dtype=opts["dtype"],
+        hidden,
+        lr=opts["lr"],
+        momentum=opts["momentum"],
+        batch_size=opts["batch_size"],
+        k=opts["k"],
+        combine=opts["combine"],
+        noise=opts["merge_noise"],
+        sub_steps=opts["sub_steps"],
+        sub_epochs=opts["sub_epochs"],
+        sub_trainer=opts["sub_trainer"],
+        finetune_trainer=opts["finetune_trainer"],
+        retries=opts["retries"],
+        seed=opts["seed"],
+        dtype=opts["dtype"],
     )
 
 
 @click.command("partition")
-@click.option("--dataset", type=click.Choice(["mnist1d", "digits", "mnist", "cifar10"]), default="mnist1d",
-              show_default=True)
-@click.option("--data-path", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder with MNIST IDX files or CIFAR-10 python batches.")
+@click.option(
+    "--dataset", type=click.Choice(["mnist1d", "digits", "mnist", "cifar10"]), default="mnist1d", show_default=True
+)
+@click.option(
+    "--data-path",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder with MNIST IDX files or CIFAR-10 python batches.",
+)
 @click.option("--n-samples", type=int, default=None, help="Samples before the split (default: the benchmark's).")
-@click.option("--hidden", default=None, help="Hidden widths of the full network (default: 512,512,512; digits 256,256).")
+@click.option(
+    "--hidden", default=None, help="Hidden widths of the full network (default: 512,512,512; digits 256,256)."
+)
 @click.option("-k", "--k", "ks", default="2,4", show_default=True, help="Numbers of sub-models, comma-separated.")
 @click.option("--seeds", type=int, default=5, show_default=True, help="Seeds per variant (medians are quoted).")
 @click.option("--target", type=float, default=None, help="Target validation accuracy in (0, 1].")
@@ -143,8 +189,14 @@ def make_probe(opts: dict):
 @click.option("--merge-noise", type=float, default=0.02, show_default=True)
 @click.option("--workers", type=int, default=2, show_default=True, help="Workers of the embedded LocalCluster.")
 @click.option("--address", default=None, help="Scheduler address instead of an embedded cluster.")
-@click.option("--output", "-o", type=click.Path(path_type=Path), default=Path("bench-results/partition"),
-              show_default=True, help="Folder for the JSON report and the PNG plot.")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(path_type=Path),
+    default=Path("bench-results/partition"),
+    show_default=True,
+    help="Folder for the JSON report and the PNG plot.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @cli_errors
@@ -153,6 +205,11 @@ def bench_command(**opts):
     from daskann.partition.bench import BenchmarkConfig, print_report, run_benchmark
 
     config = BenchmarkConfig.from_options(opts)
-    report = run_benchmark(config, address=opts["address"], n_workers=opts["workers"], output=opts["output"],
-                           progress=None if (opts["quiet"] or opts["as_json"]) else click.echo)
+    report = run_benchmark(
+        config,
+        address=opts["address"],
+        n_workers=opts["workers"],
+        output=opts["output"],
+        progress=None if (opts["quiet"] or opts["as_json"]) else click.echo,
+    )
     print_report(report, as_json=opts["as_json"])

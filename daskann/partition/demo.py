@@ -36,10 +36,21 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
         data = load_dataset("mnist1d", n_samples=4000, seed=0)
         hidden, sub_steps, steps, eval_every = (128, 128, 128), 600, 400, 100
     trainer = PartitionTrainer(
-        hidden, loss=data.loss, lr=0.05, momentum=0.9, batch_size=64, seed=0, eval_every=eval_every,
-        k=2, combine="mean", noise=0.02, sub_steps=sub_steps, client=client,
+        hidden,
+        loss=data.loss,
+        lr=0.05,
+        momentum=0.9,
+        batch_size=64,
+        seed=0,
+        eval_every=eval_every,
+        k=2,
+        combine="mean",
+        noise=0.02,
+        sub_steps=sub_steps,
+        client=client,
     )
     start = time.perf_counter()
     trainer.fit(data.X_train, data.y_train, steps=steps, validation_data=(data.X_val, data.y_val))
-    return summarize(trainer, data, method="partition", seconds=time.perf_counter() - start,
-                     extra=partition_summary(trainer))
+    return summarize(
+        trainer, data, method="partition", seconds=time.perf_counter() - start, extra=partition_summary(trainer)
+    )

@@ -38,7 +38,7 @@ def hidden_activations(model: MLP, X) -> list[np.ndarray]:
     """Activations of every hidden layer on ``X``."""
     A = np.asarray(X, dtype=model.dtype)
     out = []
-    for W, b in zip(model.weights[:-1], model.biases[:-1]):
+    for W, b in zip(model.weights[:-1], model.biases[:-1], strict=True):
         A = activate(A @ W + b, model.activation, model.negative_slope)
         out.append(A)
     return out

@@ -111,7 +111,7 @@ def merge_submodels(
         biases[-1] /= dtype.type(partition.k)
     if noise > 0:
         rng = np.random.default_rng(seed)
-        for array in (p for pair in zip(weights, biases) for p in pair):
+        for array in (p for pair in zip(weights, biases, strict=True) for p in pair):
             amplitude = noise * float(np.max(np.abs(array))) if array.size else 0.0
             if amplitude > 0:
                 array += rng.uniform(-amplitude, amplitude, array.shape).astype(dtype)

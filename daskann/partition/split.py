@@ -78,12 +78,14 @@ class Partition:
         for i in range(len(self.sizes) - 1):
             full_shape = (self.sizes[i], self.sizes[i + 1])
             sub_shape = (first[i], first[i + 1])
-            layers.append({
-                "layer": i,
-                "full_shape": list(full_shape),
-                "submodel_shape": list(sub_shape),
-                "shrink": (full_shape[0] * full_shape[1]) / (sub_shape[0] * sub_shape[1]),
-            })
+            layers.append(
+                {
+                    "layer": i,
+                    "full_shape": list(full_shape),
+                    "submodel_shape": list(sub_shape),
+                    "shrink": (full_shape[0] * full_shape[1]) / (sub_shape[0] * sub_shape[1]),
+                }
+            )
         return {
             "full": full,
             "submodels": subs,
@@ -114,7 +116,7 @@ class Partition:
 
 
 def _count(sizes: Sequence[int]) -> int:
-    return int(sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:])))
+    return int(sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:], strict=True)))
 
 
 def group_bounds(width: int, k: int) -> tuple[int, ...]:

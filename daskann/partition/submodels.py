@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,43 +21,23 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from daskann import config
+from daskann.exceptions import SubModelError  # noqa: F401 (re-exported: its old home)
 from daskann.nn import MLP
-
-#: reruns of a sub-model task cancelled because every copy of its scattered data was lost
-LOST_DATA_RERUNS = 2
 
 #: settings a sub-model shares with the full network's trainer
 SHARED_SETTINGS = (
-    "activation", "output", "loss", "lr", "momentum", "batch_size", "shuffle", "dtype", "negative_slope",
+    "activation",
+    "output",
+    "loss",
+    "lr",
+    "momentum",
+    "batch_size",
+    "shuffle",
+    "dtype",
+    "negative_slope",
     "eval_every",
 )
-
-
-class SubModelError(RuntimeError):
-    """One or more sub-models failed for good (after their retries).
-
-    Attributes
-    ----------
-    failed : dict of int to BaseException
-        The error of each failed sub-model, by index.
-    results : list
-        One :class:`SubModelResult` per sub-model, ``None`` where it failed;
-        the trainer also keeps them in ``submodel_results_``.
-    """
-
-    def __init__(self, failed: dict, results: list, attempts: int):
-        self.failed = dict(failed)
-        self.results = list(results)
-        kept = [g for g, r in enumerate(results) if r is not None]
-        parts = [
-            f"sub-model {g} of {len(results)} failed after up to {attempts} attempts: {type(exc).__name__}: {exc}"
-            for g, exc in sorted(self.failed.items())
-        ]
-        parts.append(
-            f"the results of sub-models {kept} are kept (PartitionTrainer.submodels_)" if kept
-            else "no sub-model finished"
-        )
-        super().__init__("; ".join(parts))
 
 
 @dataclass(frozen=True)
@@ -139,8 +120,12 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
 
     started = time.time()
     trainer = SerialTrainer(
-        spec.hidden_sizes, seed=spec.seed, checkpoint_every=spec.checkpoint_every, verbose=0,
-        checkpoint_dir=spec.checkpoint_dir, **spec.settings,
+        spec.hidden_sizes,
+        seed=spec.seed,
+        checkpoint_every=spec.checkpoint_every,
+        verbose=0,
+        checkpoint_dir=spec.checkpoint_dir,
+        **spec.settings,
     )
     resume, resumed_from = None, 0
     if spec.checkpoint_dir is not None and store.list_checkpoints(spec.checkpoint_dir):
@@ -152,9 +137,18 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
     if spec.checkpoint_dir is not None:
         store.save_history(trainer.history_, Path(spec.checkpoint_dir) / "history.zarr")
     return SubModelResult(
-        index=spec.index, seed=spec.seed, model=trainer.model_, history=trainer.history_,
-        worker=_worker_address(), host=socket.gethostname(), pid=os.getpid(),
-        started=started, finished=time.time(), seconds=seconds, cpu_seconds=cpu_seconds, resumed_from=resumed_from,
+        index=spec.index,
+        seed=spec.seed,
+        model=trainer.model_,
+        history=trainer.history_,
+        worker=_worker_address(),
+        host=socket.gethostname(),
+        pid=os.getpid(),
+        started=started,
+        finished=time.time(),
+        seconds=seconds,
+        cpu_seconds=cpu_seconds,
+        resumed_from=resumed_from,
     )
 
 
@@ -177,6 +171,7 @@ def run_submodels(
     retries: int,
     timeout: float,
     rescatter=None,
+    watch=None,
 ) -> tuple[list, dict]:
     """Submit the sub-model tasks and collect what finished.
 
@@ -198,7 +193,10 @@ def run_submodels(
         Gives ``data`` scattered anew. Scattered data is never recomputed: when
         every worker holding it died, the tasks that need it are cancelled; with
         ``rescatter`` they run again (resuming from their checkpoints) on the
-        new copy, at most :data:`LOST_DATA_RERUNS` times each.
+        new copy, at most ``daskann.partition.lost-data-reruns`` times each.
+    watch : callable, optional
+        Called with every sub-model future as it is submitted (a progress
+        display attaches a done-callback to it).
 
     Returns
     -------
@@ -208,65 +206,111 @@ def run_submodels(
     """
     from daskann.cluster import worker_addresses
 
-    workers = worker_addresses(client)
-    current = {"data": data}
-    deadline = time.perf_counter() + timeout
-    results: list = [None] * len(specs)
-    failed: dict = {}
-    by_index = {spec.index: spec for spec in specs}
+    workers = tuple(worker_addresses(client))
+    phase = _Phase(client, prefix, retries, timeout, time.perf_counter() + timeout, workers, rescatter, watch)
+    tasks = _SubModelTasks(phase, specs, data)
+    if mode == "parallel":
+        tasks.collect({spec.index: tasks.submit(spec) for spec in specs})
+    else:
+        for spec in specs:
+            tasks.collect({spec.index: tasks.submit(spec)})
+    return tasks.results, tasks.failed
 
-    def submit(spec, rerun=0):
+
+@dataclass(frozen=True)
+class _Phase:
+    """How the sub-model tasks of one phase are submitted and waited for (see :func:`run_submodels`)."""
+
+    client: object
+    prefix: str
+    retries: int
+    timeout: float
+    deadline: float  # time.perf_counter() by which every sub-model must have finished
+    workers: tuple  # spread the sub-models over these
+    rescatter: Callable | None = None
+    watch: Callable | None = None
+
+    def remaining(self) -> float:
+        return max(self.deadline - time.perf_counter(), 0.001)
+
+
+class _SubModelTasks:
+    """The phase's futures, the data they read, and what came back."""
+
+    def __init__(self, phase: _Phase, specs: list[SubModelSpec], data):
+        self.phase = phase
+        self.by_index = {spec.index: spec for spec in specs}
+        self.data = data  # the latest copy of (X, y, validation) on the cluster
+        self.results: list = [None] * len(specs)
+        self.failed: dict = {}
+
+    def submit(self, spec: SubModelSpec, rerun: int = 0):
+        """The future of one sub-model task and the data it reads."""
+        phase = self.phase
         # a soft hint spreads the sub-models over the workers; never a hard pin,
         # so a task whose worker died can run on another one
-        hint = [workers[spec.index % len(workers)]] if workers else None
-        X, y, validation = used = current["data"]
-        key = f"{prefix}-submodel-{spec.index}" + (f"-rerun{rerun}" if rerun else "")
-        future = client.submit(
-            train_submodel, spec, X, y, validation, key=key,
-            retries=retries, workers=hint, allow_other_workers=True, pure=False,
+        hint = [phase.workers[spec.index % len(phase.workers)]] if phase.workers else None
+        X, y, validation = used = self.data
+        key = f"{phase.prefix}-submodel-{spec.index}" + (f"-rerun{rerun}" if rerun else "")
+        future = phase.client.submit(
+            train_submodel,
+            spec,
+            X,
+            y,
+            validation,
+            key=key,
+            retries=phase.retries,
+            workers=hint,
+            allow_other_workers=True,
+            pure=False,
         )
+        if phase.watch is not None:
+            phase.watch(future)
         return future, used
 
-    def data_lost(used) -> bool:
-        X, y, validation = used
-        return any(getattr(f, "status", "finished") != "finished" for f in (X, y, *(validation or ())))
-
-    def collect(futures: dict):
+    def collect(self, futures: dict) -> None:
+        """Wait for ``{index: (future, data)}`` in turn, rerunning a task whose data was lost."""
         for g, (future, used) in futures.items():
             rerun = 0
             while True:
                 try:
-                    results[g] = future.result(timeout=max(deadline - time.perf_counter(), 0.001))
+                    self.results[g] = future.result(timeout=self.phase.remaining())
                 except CancelledError as exc:
-                    # (the data futures may not know yet that they are lost when their dependants are told)
-                    lost = data_lost(used) or any(
-                        reason in str(exc) for reason in ("lost dependencies", "already forgotten"))
-                    if rescatter is None or rerun >= LOST_DATA_RERUNS or not lost:
-                        failed[g] = exc
+                    if not self._may_rerun(exc, used, rerun):
+                        self.failed[g] = exc
                         future.release()
                         break
-                    # every copy of the data died with its workers: scatter it again (once) and rerun
-                    if current["data"] is used or data_lost(current["data"]):
-                        current["data"] = rescatter()
-                    future.release()
                     rerun += 1
-                    future, used = submit(by_index[g], rerun)
+                    future, used = self._rerun(g, future, used, rerun)
                     continue
                 except Exception as exc:
                     if not future.done():  # still running: the phase ran out of time
-                        pending = [i for i, (f, _) in futures.items() if not f.done()]
-                        client.cancel([f for f, _ in futures.values()] + [future])
-                        raise TimeoutError(
-                            f"timeout={timeout:g} s is not enough: sub-models {pending} had not finished; "
-                            "raise the timeout or shorten sub_steps"
-                        ) from None
-                    failed[g] = exc  # raised on every attempt, or its workers died (KilledWorker)
+                        self._time_out(futures, future)
+                    self.failed[g] = exc  # raised on every attempt, or its workers died (KilledWorker)
                 future.release()
                 break
 
-    if mode == "parallel":
-        collect({spec.index: submit(spec) for spec in specs})
-    else:
-        for spec in specs:
-            collect({spec.index: submit(spec)})
-    return results, failed
+    def _may_rerun(self, exc: CancelledError, used, rerun: int) -> bool:
+        # (the data futures may not know yet that they are lost when their dependants are told)
+        lost = _data_lost(used) or any(reason in str(exc) for reason in ("lost dependencies", "already forgotten"))
+        return self.phase.rescatter is not None and rerun < config.count("partition.lost-data-reruns") and lost
+
+    def _rerun(self, g: int, future, used, rerun: int):
+        # every copy of the data died with its workers: scatter it again (once) and rerun
+        if self.data is used or _data_lost(self.data):
+            self.data = self.phase.rescatter()
+        future.release()
+        return self.submit(self.by_index[g], rerun)
+
+    def _time_out(self, futures: dict, future) -> None:
+        pending = [i for i, (f, _) in futures.items() if not f.done()]
+        self.phase.client.cancel([f for f, _ in futures.values()] + [future])
+        raise TimeoutError(
+            f"timeout={self.phase.timeout:g} s is not enough: sub-models {pending} had not finished; "
+            "raise the timeout or shorten sub_steps"
+        ) from None
+
+
+def _data_lost(used) -> bool:
+    X, y, validation = used
+    return any(getattr(f, "status", "finished") != "finished" for f in (X, y, *(validation or ())))

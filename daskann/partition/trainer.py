@@ -16,6 +16,7 @@ import xarray as xr
 from daskann import store
 from daskann._base import BaseTrainer
 from daskann._history import HistoryRecorder
+from daskann._typing import Activation, Combine, FloatDType, Loss, Output, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.cluster import current_client
 from daskann.nn import MLP
@@ -144,37 +145,48 @@ class PartitionTrainer(BaseTrainer):
         self,
         hidden_sizes=(64,),
         *,
-        activation="relu",
-        output="linear",
-        loss="mse",
+        activation: Activation = "relu",
+        output: Output = "linear",
+        loss: Loss = "mse",
         lr=0.01,
         momentum=0.0,
         batch_size=32,
         shuffle=True,
         seed=0,
-        dtype="float64",
+        dtype: FloatDType = "float64",
         negative_slope=0.01,
         eval_every=None,
         checkpoint_dir=None,
         checkpoint_every=None,
         verbose=0,
         k=2,
-        combine="mean",
+        combine: Combine = "mean",
         noise=0.02,
         sub_steps=None,
         sub_epochs=None,
-        mode="parallel",
-        sub_trainer="serial",
-        finetune_trainer=None,
+        mode: PartitionMode = "parallel",
+        sub_trainer: SubTrainer = "serial",
+        finetune_trainer: SubTrainer | None = None,
         npt_options=None,
         retries=2,
         timeout=3600.0,
         client=None,
     ):
         super().__init__(
-            hidden_sizes, activation=activation, output=output, loss=loss, lr=lr, momentum=momentum,
-            batch_size=batch_size, shuffle=shuffle, seed=seed, dtype=dtype, negative_slope=negative_slope,
-            eval_every=eval_every, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+            hidden_sizes,
+            activation=activation,
+            output=output,
+            loss=loss,
+            lr=lr,
+            momentum=momentum,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            dtype=dtype,
+            negative_slope=negative_slope,
+            eval_every=eval_every,
+            checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every,
             verbose=verbose,
         )
         self.k = k
@@ -199,7 +211,8 @@ class PartitionTrainer(BaseTrainer):
         s["mode"] = check_choice("mode", self.mode, MODES)
         s["sub_trainer"] = check_choice("sub_trainer", self.sub_trainer, SUB_TRAINERS)
         s["finetune_trainer"] = (
-            s["sub_trainer"] if self.finetune_trainer is None
+            s["sub_trainer"]
+            if self.finetune_trainer is None
             else check_choice("finetune_trainer", self.finetune_trainer, SUB_TRAINERS)
         )
         if self.sub_steps is not None and self.sub_epochs is not None:
@@ -219,8 +232,12 @@ class PartitionTrainer(BaseTrainer):
             if s[name] == "npt":
                 _npt_trainer_class(name)  # fails here, before any task, if it is missing
         if s["sub_trainer"] == "npt" and s["mode"] == "parallel":
-            raise invalid("mode", s["mode"], "'sequential' with sub_trainer='npt': an NPT sub-model already "
-                          "spreads over every worker, so NPT sub-models run one after another")
+            raise invalid(
+                "mode",
+                s["mode"],
+                "'sequential' with sub_trainer='npt': an NPT sub-model already "
+                "spreads over every worker, so NPT sub-models run one after another",
+            )
         return s
 
     def _training_config(self, settings) -> dict:
@@ -273,7 +290,10 @@ class PartitionTrainer(BaseTrainer):
             t_sub = time.perf_counter()
             self.timings_["submodel"] = t_sub - t_start
             merged = merge_submodels(
-                partition, [r.model for r in results], combine=settings["combine"], noise=settings["noise"],
+                partition,
+                [r.model for r in results],
+                combine=settings["combine"],
+                noise=settings["noise"],
                 seed=merge_seed(settings["seed"]),
             )
             self.merged_model_ = merged.copy()
@@ -348,8 +368,15 @@ class PartitionTrainer(BaseTrainer):
         self.sub_steps_ = sub_total
         self.seeds_ = submodel_seeds(settings["seed"], partition.k)
         self.timings_ = {}
-        for name in ("model_", "submodels_", "submodel_results_", "submodel_history_", "diversity_",
-                     "merged_model_", "history_"):
+        for name in (
+            "model_",
+            "submodels_",
+            "submodel_results_",
+            "submodel_history_",
+            "diversity_",
+            "merged_model_",
+            "history_",
+        ):
             self.__dict__.pop(name, None)
         return settings, data, total, sub_total, partition, run_dir
 
@@ -362,8 +389,14 @@ class PartitionTrainer(BaseTrainer):
 
     def _check_run_dir(self, resume, settings, partition: Partition, sub_total: int) -> Path | None:
         """Validate ``resume`` or a fresh ``checkpoint_dir``; nothing is written yet."""
-        record = {"partition": partition.to_dict(), "combine": settings["combine"], "noise": settings["noise"],
-                  "seed": settings["seed"], "sub_steps": sub_total, "sub_trainer": settings["sub_trainer"]}
+        record = {
+            "partition": partition.to_dict(),
+            "combine": settings["combine"],
+            "noise": settings["noise"],
+            "seed": settings["seed"],
+            "sub_steps": sub_total,
+            "sub_trainer": settings["sub_trainer"],
+        }
         self.__dict__.pop("_fresh_record", None)
         if resume is not None:
             if not isinstance(resume, (str, Path)):
@@ -375,12 +408,14 @@ class PartitionTrainer(BaseTrainer):
             config = run_dir / _STATE / "config.json"
             if not config.is_file():
                 raise store.StoreError(
-                    f"resume={str(resume)!r} is not a partition run folder (no {_STATE}/config.json)")
+                    f"resume={str(resume)!r} is not a partition run folder (no {_STATE}/config.json)"
+                )
             found = json.loads(config.read_text())
             if found != record:
                 changed = sorted(key for key in record if found.get(key) != record[key])
                 raise store.StoreError(
-                    f"resume={str(resume)!r} was run with other settings: {', '.join(changed)} differ")
+                    f"resume={str(resume)!r} was run with other settings: {', '.join(changed)} differ"
+                )
             return run_dir
         if self.checkpoint_dir is None:
             return None
@@ -412,7 +447,10 @@ class PartitionTrainer(BaseTrainer):
         shared["dtype"] = settings["dtype"].name
         specs = [
             SubModelSpec(
-                index=g, hidden_sizes=partition.submodel_sizes(g)[1:-1], seed=self.seeds_[g], settings=shared,
+                index=g,
+                hidden_sizes=partition.submodel_sizes(g)[1:-1],
+                seed=self.seeds_[g],
+                settings=shared,
                 steps=sub_total,
                 checkpoint_dir=None if run_dir is None else str(submodel_dir(run_dir, g)),
                 checkpoint_every=settings["checkpoint_every"],
@@ -421,36 +459,55 @@ class PartitionTrainer(BaseTrainer):
         ]
         prefix = f"daskann-partition-{uuid.uuid4().hex[:12]}"
         self.run_prefix_ = prefix
+        bar = self._progress_bar(partition.k, "partition sub-models", unit="sub-model").start()
         if settings["sub_trainer"] == "npt":
-            from daskann.partition.npt import run_npt_submodels
+            from daskann.partition.npt_submodels import run_npt_submodels
 
             results, failed = run_npt_submodels(
-                client, specs, data, retries=settings["retries"], npt_options=self.npt_options or {},
+                client,
+                specs,
+                data,
+                retries=settings["retries"],
+                npt_options=self.npt_options or {},
             )
         else:
             from daskann.cluster import check_worker_memory
 
             validation = data.validation
             # every worker gets all of the data: refuse before scattering if it cannot hold it
-            check_worker_memory(client, data.X.nbytes + data.y.nbytes
-                                + sum(a.nbytes for a in (validation or ())), name="X")
+            check_worker_memory(
+                client, data.X.nbytes + data.y.nbytes + sum(a.nbytes for a in (validation or ())), name="X"
+            )
             # the data goes to every worker once: tasks get futures, never closures over arrays
             scattered = []
 
             def scatter():
+                if scattered:  # a rerun after every copy died: nannies may still be bringing workers back
+                    client.wait_for_workers(1, timeout=settings["timeout"])
                 X_f, y_f = client.scatter([data.X, data.y], broadcast=True, hash=False)
-                val_f = None if validation is None else tuple(client.scatter(list(validation), broadcast=True,
-                                                                             hash=False))
+                val_f = (
+                    None if validation is None else tuple(client.scatter(list(validation), broadcast=True, hash=False))
+                )
                 scattered.extend([X_f, y_f, *(val_f or ())])
                 return X_f, y_f, val_f
 
             try:
                 results, failed = run_submodels(
-                    client, specs, scatter(), mode=settings["mode"], prefix=prefix,
-                    retries=settings["retries"], timeout=settings["timeout"], rescatter=scatter,
+                    client,
+                    specs,
+                    scatter(),
+                    mode=settings["mode"],
+                    prefix=prefix,
+                    retries=settings["retries"],
+                    timeout=settings["timeout"],
+                    rescatter=scatter,
+                    watch=_advance_when_done(bar),
                 )
             finally:
                 client.cancel(scattered)
+        # every sub-model has finished or failed; done-callbacks may lag, and NPT sub-models have none
+        bar.update(partition.k)
+        bar.close()
         self.submodel_results_ = results
         self.submodels_ = [None if r is None else r.model for r in results]
         self.timings_["submodel_each"] = [None if r is None else r.seconds for r in results]
@@ -484,16 +541,25 @@ class PartitionTrainer(BaseTrainer):
             stacks[name] = np.vstack(columns)
         times = _nan_reduce(stacks["time"], np.max)
         for i, step in enumerate(steps):
-            row = {"phase": "submodel", "phase_step": int(step), "loss": _nan_reduce(stacks["loss"][:, i], np.mean),
-                   "time": times[i]}
+            row = {
+                "phase": "submodel",
+                "phase_step": int(step),
+                "loss": _nan_reduce(stacks["loss"][:, i], np.mean),
+                "time": times[i],
+            }
             for name in ("val_loss", "val_accuracy"):
                 value = _nan_reduce(stacks[name][:, i], np.mean)
                 if not math.isnan(value):
                     row[name] = value
             recorder.append(int(step), **row)
         # the merged network exists once the merge is done; its evaluation is not part of the merge
-        recorder.append(sub_total + 1, phase="merge", phase_step=0,
-                        time=self.timings_["submodel"] + self.timings_["merge"], **merge_values)
+        recorder.append(
+            sub_total + 1,
+            phase="merge",
+            phase_step=0,
+            time=self.timings_["submodel"] + self.timings_["merge"],
+            **merge_values,
+        )
         self._pretrain = recorder
         self._pretrain_steps = sub_total + 1
 
@@ -518,8 +584,13 @@ class PartitionTrainer(BaseTrainer):
 
     def _make_finetuner(self, client, settings, run_dir):
         kwargs = {name: settings[name] for name in SHARED_SETTINGS}
-        kwargs.update(dtype=settings["dtype"].name, seed=settings["seed"], verbose=self.verbose,
-                      checkpoint_dir=run_dir, checkpoint_every=settings["checkpoint_every"])
+        kwargs.update(
+            dtype=settings["dtype"].name,
+            seed=settings["seed"],
+            verbose=self.verbose,
+            checkpoint_dir=run_dir,
+            checkpoint_every=settings["checkpoint_every"],
+        )
         if settings["finetune_trainer"] == "npt":
             npt_class = _npt_trainer_class("finetune_trainer")
             return npt_class(settings["hidden_sizes"], client=client, **kwargs, **(self.npt_options or {}))
@@ -529,7 +600,7 @@ class PartitionTrainer(BaseTrainer):
 
     def _timeline(self, finetune_history: xr.Dataset, offset: float) -> xr.Dataset:
         recorder = HistoryRecorder("step")
-        for coord, row in zip(self._pretrain._coords, self._pretrain._rows):
+        for coord, row in zip(self._pretrain._coords, self._pretrain._rows, strict=True):
             recorder.append(coord, **row)
         names = [n for n in finetune_history.data_vars if n != "phase"]
         for i, step in enumerate(finetune_history["step"].values):
@@ -577,6 +648,16 @@ def _nan_reduce(values: np.ndarray, reduce):
         finite = values[~np.isnan(values)]
         return float(reduce(finite)) if finite.size else float("nan")
     return np.array([_nan_reduce(values[:, i], reduce) for i in range(values.shape[1])])
+
+
+def _advance_when_done(bar):
+    """A ``watch`` for :func:`run_submodels`: a sub-model counts on ``bar`` once it finished or failed for good."""
+
+    def watch(future):
+        # a cancelled future (its data was lost) is replaced by a rerun, which is watched in turn
+        future.add_done_callback(lambda f: bar.advance() if f.status in ("finished", "error") else None)
+
+    return watch
 
 
 def _npt_trainer_class(name: str):

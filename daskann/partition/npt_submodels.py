@@ -30,8 +30,13 @@ def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, 
         for attempt in range(retries + 1):
             started = time.time()
             trainer = NPTTrainer(
-                spec.hidden_sizes, seed=spec.seed, checkpoint_dir=spec.checkpoint_dir,
-                checkpoint_every=spec.checkpoint_every, client=client, **spec.settings, **npt_options,
+                spec.hidden_sizes,
+                seed=spec.seed,
+                checkpoint_dir=spec.checkpoint_dir,
+                checkpoint_every=spec.checkpoint_every,
+                client=client,
+                **spec.settings,
+                **npt_options,
             )
             resume, resumed_from = None, 0
             if spec.checkpoint_dir is not None and store.list_checkpoints(spec.checkpoint_dir):
@@ -49,12 +54,23 @@ def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, 
             if spec.checkpoint_dir is not None:
                 store.save_history(trainer.history_, Path(spec.checkpoint_dir) / "history.zarr")
             results[spec.index] = SubModelResult(
-                index=spec.index, seed=spec.seed, model=trainer.model_, history=trainer.history_,
-                worker=",".join(sorted(set(trainer.grid_.workers))), host=socket.gethostname(), pid=os.getpid(),
-                started=started, finished=time.time(), seconds=time.perf_counter() - t0,
-                cpu_seconds=float("nan"), resumed_from=resumed_from,
-                extra={"grid": f"{trainer.grid_.rows}x{trainer.grid_.cols}", "mode": trainer.mode_,
-                       "attempts": attempt + 1},
+                index=spec.index,
+                seed=spec.seed,
+                model=trainer.model_,
+                history=trainer.history_,
+                worker=",".join(sorted(set(trainer.grid_.workers))),
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started=started,
+                finished=time.time(),
+                seconds=time.perf_counter() - t0,
+                cpu_seconds=float("nan"),
+                resumed_from=resumed_from,
+                extra={
+                    "grid": f"{trainer.grid_.rows}x{trainer.grid_.cols}",
+                    "mode": trainer.mode_,
+                    "attempts": attempt + 1,
+                },
             )
             break
     return results, failed

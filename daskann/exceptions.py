@@ -1,0 +1,188 @@
+"""Every error daskann raises, under one base class.
+
+Each class also derives from the built-in error it always was
+(:class:`ValueError`, :class:`RuntimeError`, :class:`OSError`,
+:class:`TimeoutError`), so ``except ValueError`` keeps catching a
+:class:`StoreError` and ``except DaskannError`` catches them all. The modules
+that raise them re-export them under their old names.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DamagedStoreError",
+    "DaskannError",
+    "DiskFullError",
+    "ExchangeAborted",
+    "ExchangeTimeout",
+    "MGRITDiverged",
+    "MGRITNotConverged",
+    "PropagatorError",
+    "ResidentError",
+    "StoreError",
+    "SubModelError",
+    "TrainingDiverged",
+    "WorkerLost",
+]
+
+
+class DaskannError(Exception):
+    """Base class of the errors daskann raises."""
+
+
+# -- training ----------------------------------------------------------------------
+class TrainingDiverged(DaskannError, RuntimeError):
+    """Loss, gradients or weights became NaN or Inf.
+
+    The trainer keeps the last finite state in ``model_``; :attr:`step` is the
+    step at which training stopped.
+    """
+
+    def __init__(self, step: int, what: str):
+        self.step = int(step)
+        super().__init__(
+            f"training diverged at step {self.step}: {what} became NaN or Inf; "
+            f"the model keeps the last finite state (after {self.step - 1} steps). "
+            "Lower the learning rate or the momentum."
+        )
+
+
+# -- stores ------------------------------------------------------------------------
+class StoreError(DaskannError, ValueError):
+    """A store is missing, damaged, foreign or does not match what loads it."""
+
+
+class DamagedStoreError(StoreError):
+    """A store's arrays do not match its manifest."""
+
+
+class DiskFullError(DaskannError, OSError):
+    """A store could not be written for lack of space; the stores written before are intact."""
+
+
+# -- MGRIT -------------------------------------------------------------------------
+class PropagatorError(DaskannError, ValueError):
+    """A propagator returned a state of another structure, shape or dtype.
+
+    Attributes
+    ----------
+    level : int
+        Level of the propagator that misbehaved.
+    step : int
+        Fine step index the propagator started from.
+    """
+
+    def __init__(self, message: str, *, level: int, step: int):
+        self.level, self.step = int(level), int(step)
+        super().__init__(f"propagator={message} (level {self.level}, from fine step {self.step})")
+
+
+class MGRITDiverged(TrainingDiverged):
+    """The MGRIT iteration became unstable: a non-finite state or a growing residual.
+
+    The store (if any) keeps the last completed iteration; nothing is returned
+    as a result.
+
+    Attributes
+    ----------
+    level : int
+        Level on which the problem appeared (0 is the fine level).
+    step : int
+        Fine step index of the offending point.
+    iteration : int
+        MGRIT iteration during which it appeared (1-based).
+    residuals : list of float
+        Residual norms of the completed iterations.
+    """
+
+    def __init__(self, what: str, *, level: int, step: int, iteration: int, residuals=()):
+        self.level, self.step, self.iteration = int(level), int(step), int(iteration)
+        self.residuals = [float(r) for r in residuals]
+        self.what = what
+        # TrainingDiverged's message speaks of SGD steps; this one names the level and iteration
+        RuntimeError.__init__(
+            self,
+            f"MGRIT diverged in iteration {self.iteration}: {what} on level {self.level} at fine step "
+            f"{self.step}. The coarse propagator is probably outside the optimiser's stability region: "
+            "lower the coarse learning-rate factor (alpha_cap), use fewer levels or a smaller coarsening "
+            "factor, or more relaxation (cf_iter).",
+        )
+
+
+class MGRITNotConverged(DaskannError, RuntimeError):
+    """The residual did not reach the tolerance within ``max_iter`` iterations.
+
+    Attributes
+    ----------
+    result : MGRITResult
+        The solver's record (residual history, timings); its state is not the
+        serial solution.
+    """
+
+    def __init__(self, result):
+        self.result = result
+        last = result.residuals[-1] if result.residuals else float("nan")
+        super().__init__(
+            f"MGRIT did not converge: residual {last:.3e} after {result.iterations} iterations "
+            f"(max_iter={result.max_iter}, tol={result.tol:g}); raise max_iter, or choose a more robust "
+            "preset (cycle_type='F', more cf_iter, a capped coarse learning rate)"
+        )
+
+
+# -- partitioned pre-training ------------------------------------------------------
+class SubModelError(DaskannError, RuntimeError):
+    """One or more sub-models failed for good (after their retries).
+
+    Attributes
+    ----------
+    failed : dict of int to BaseException
+        The error of each failed sub-model, by index.
+    results : list
+        One :class:`~daskann.partition.SubModelResult` per sub-model, ``None``
+        where it failed; the trainer also keeps them in ``submodel_results_``.
+    """
+
+    def __init__(self, failed: dict, results: list, attempts: int):
+        self.failed = dict(failed)
+        self.results = list(results)
+        kept = [g for g, r in enumerate(results) if r is not None]
+        parts = [
+            f"sub-model {g} of {len(results)} failed after up to {attempts} attempts: {type(exc).__name__}: {exc}"
+            for g, exc in sorted(self.failed.items())
+        ]
+        parts.append(
+            f"the results of sub-models {kept} are kept (PartitionTrainer.submodels_)"
+            if kept
+            else "no sub-model finished"
+        )
+        super().__init__("; ".join(parts))
+
+
+# -- network-parallel training -----------------------------------------------------
+class ResidentError(DaskannError, RuntimeError):
+    """A resident run failed: a cell raised, a block timed out, or a worker left."""
+
+
+class ExchangeTimeout(DaskannError, TimeoutError):
+    """A block that a peer cell should have sent did not arrive in time.
+
+    ``source`` is the address of the worker that should have sent it.
+    """
+
+    def __init__(self, message: str, source: str | None = None):
+        super().__init__(message, source)
+
+    @property
+    def source(self) -> str | None:
+        return self.args[1]
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class ExchangeAborted(DaskannError, RuntimeError):
+    """The run was cancelled while this task waited for a block."""
+
+
+class WorkerLost(DaskannError, RuntimeError):
+    """A worker of the grid left the cluster during training."""

@@ -1,0 +1,85 @@
+"""One home for errors: every public error derives from DaskannError and keeps its built-in base."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import daskann
+from daskann import exceptions
+from daskann.exceptions import DaskannError
+
+#: the built-in error each public error has always been, so existing ``except`` clauses keep working
+BUILTIN_BASE = {
+    "DamagedStoreError": ValueError,
+    "DiskFullError": OSError,
+    "ExchangeAborted": RuntimeError,
+    "ExchangeTimeout": TimeoutError,
+    "MGRITDiverged": RuntimeError,
+    "MGRITNotConverged": RuntimeError,
+    "PropagatorError": ValueError,
+    "ResidentError": RuntimeError,
+    "StoreError": ValueError,
+    "SubModelError": RuntimeError,
+    "TrainingDiverged": RuntimeError,
+    "WorkerLost": RuntimeError,
+}
+
+#: the modules the errors lived in before; importing them from there must keep working
+OLD_HOMES = {
+    "daskann": ["DaskannError", "StoreError", "TrainingDiverged"],
+    "daskann._base": ["TrainingDiverged"],
+    "daskann.store": ["DamagedStoreError", "DiskFullError", "StoreError"],
+    "daskann.mgrit": ["MGRITDiverged", "MGRITNotConverged", "PropagatorError"],
+    "daskann.mgrit._errors": ["MGRITDiverged", "MGRITNotConverged", "PropagatorError"],
+    "daskann.partition": ["SubModelError"],
+    "daskann.partition.submodels": ["SubModelError"],
+    "daskann.npt.resident": ["ResidentError"],
+    "daskann.npt._exchange": ["ExchangeAborted", "ExchangeTimeout"],
+    "daskann.npt._graph_run": ["WorkerLost"],
+}
+
+
+def test_every_public_error_derives_from_daskann_error():
+    names = [n for n in exceptions.__all__ if n != "DaskannError"]
+    assert sorted(names) == sorted(BUILTIN_BASE)
+    for name in names:
+        cls = getattr(exceptions, name)
+        assert issubclass(cls, DaskannError), name
+        assert issubclass(cls, BUILTIN_BASE[name]), name
+    assert issubclass(DaskannError, Exception) and daskann.DaskannError is DaskannError
+
+
+def test_every_error_class_in_the_package_derives_from_daskann_error():
+    # error classes defined anywhere else (private control flow included) still share the base
+    for info in pkgutil.walk_packages(daskann.__path__, "daskann."):
+        if info.name.endswith(("__main__", ".cli")):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # a module of an optional extra that is not installed here
+            continue
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, BaseException) and obj.__module__.startswith("daskann"):
+                assert issubclass(obj, DaskannError), f"{obj.__module__}.{obj.__name__}"
+
+
+@pytest.mark.parametrize("module", sorted(OLD_HOMES))
+def test_errors_import_from_their_old_modules(module):
+    mod = importlib.import_module(module)
+    for name in OLD_HOMES[module]:
+        assert getattr(mod, name) is getattr(exceptions, name)
+
+
+def test_errors_keep_their_messages_and_attributes():
+    diverged = exceptions.TrainingDiverged(7, "the loss")
+    assert diverged.step == 7 and "diverged at step 7" in str(diverged)
+    full = exceptions.DiskFullError(28, "no room")
+    assert full.errno == 28 and isinstance(full, OSError)
+    late = exceptions.ExchangeTimeout("block w[0,1] did not arrive", "tcp://10.0.0.1:1234")
+    assert str(late) == "block w[0,1] did not arrive" and late.source == "tcp://10.0.0.1:1234"
+    with pytest.raises(ValueError):  # an old ``except ValueError`` still catches a store error
+        raise exceptions.DamagedStoreError("checksum mismatch")
