@@ -13,6 +13,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from daskann import store
+from daskann._dask_input import check_dask_data, data_client, is_dask_array, remote_call
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, FloatDType, Loss, Output
 from daskann._validation import (
@@ -37,6 +38,13 @@ __all__ = ["BaseTrainer", "TrainingData", "TrainingDiverged"]
 #: bytes of metadata per checkpoint store, and for the history stored beside them (estimates)
 CHECKPOINT_OVERHEAD = 64 * 1024
 HISTORY_ALLOWANCE = 4 * 2**20
+
+
+def _evaluate_values(model: MLP, Xv, yv, loss: str) -> dict:
+    values = {"val_loss": model.loss(Xv, yv, loss)}
+    if loss == "cross_entropy":
+        values["val_accuracy"] = model.accuracy(Xv, yv)
+    return values
 
 
 class TrainingData:
@@ -98,6 +106,8 @@ class BaseTrainer(BaseEstimator):
     """
 
     method = "base"
+    #: whether fit reads dask-array data on the workers (serial training computes it on the client)
+    _reads_dask = False
     #: the choices this trainer implements; the numeric core offers more, which a trainer widens to once it can
     _activations = ("relu", "leaky_relu")
     _outputs = ("linear", "softmax")
@@ -122,21 +132,16 @@ class BaseTrainer(BaseEstimator):
         checkpoint_every=None,
         verbose=0,
     ):
-        self.hidden_sizes = hidden_sizes
-        self.activation = activation
-        self.output = output
-        self.loss = loss
-        self.lr = lr
-        self.momentum = momentum
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.dtype = dtype
-        self.negative_slope = negative_slope
-        self.eval_every = eval_every
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_every = checkpoint_every
-        self.verbose = verbose
+        self._store_params(locals())
+
+    def _store_params(self, arguments: dict) -> None:
+        """Store every ``__init__`` keyword unchanged under its own name (scikit-learn's estimator contract).
+
+        Each trainer's ``__init__`` lists its keywords (``get_params`` reads that signature) and passes
+        ``locals()`` here, so no trainer repeats the keywords of another.
+        """
+        for name in self._get_param_names():
+            setattr(self, name, arguments[name])
 
     # -- scikit-learn estimator protocol ------------------------------------------
     def __sklearn_clone__(self):
@@ -179,6 +184,16 @@ class BaseTrainer(BaseEstimator):
                 f"loss={self._fitted_loss()!r} (predict gives its outputs)"
             )
         return True
+
+    @property
+    def weights_(self) -> list:
+        """Trained weight matrices, one per layer: numpy arrays of :attr:`model_` (NPT: dask arrays on the grid)."""
+        return list(self.model_.weights)
+
+    @property
+    def biases_(self) -> list:
+        """Trained bias vectors, one per layer (empty without biases), as :attr:`weights_`."""
+        return list(self.model_.biases)
 
     @property
     def classes_(self) -> np.ndarray:
@@ -296,6 +311,11 @@ class BaseTrainer(BaseEstimator):
             raise invalid("init_model", type(model).__name__, "an MLP or None", TypeError)
         n_in = model.sizes[0] if model is not None else None
         n_out = model.sizes[-1] if model is not None else None
+        if self._reads_dask and (is_dask_array(X) or is_dask_array(y)):
+            # read on the workers; without a cluster yet the data is computed here, as for serial training
+            client = data_client(getattr(self, "client", None))
+            if client is not None:
+                return self._check_dask_data(client, X, y, validation_data, settings, n_in, n_out)
         X = check_features(X, name="X", dtype=dtype, n_features=n_in)
         y, n_outputs = check_targets(y, loss=settings["loss"], n_samples=X.shape[0], dtype=dtype, n_outputs=n_out)
         if settings["batch_size"] is not None and settings["batch_size"] > X.shape[0]:
@@ -315,6 +335,19 @@ class BaseTrainer(BaseEstimator):
             )
             validation = (Xv, yv)
         return TrainingData(X, y, n_outputs, validation)
+
+    def _check_dask_data(self, client, X, y, validation_data, settings, n_in, n_out) -> TrainingData:
+        """Dask-array data checked on the workers in one reduction and kept there, persisted."""
+        if validation_data is not None and (
+            not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2
+        ):
+            raise invalid("validation_data", type(validation_data).__name__, "a pair (X_val, y_val)", TypeError)
+        checked = check_dask_data(
+            client, X, y, validation_data, loss=settings["loss"], dtype=settings["dtype"], n_in=n_in, n_out=n_out
+        )
+        if settings["batch_size"] is not None and settings["batch_size"] > checked.X.shape[0]:
+            raise invalid("batch_size", settings["batch_size"], f"at most the number of samples ({checked.X.shape[0]})")
+        return TrainingData(checked.X, checked.y, checked.n_outputs, checked.validation)
 
     def _check_checkpoint_space(
         self, settings, sizes, start: int, stop: int, *, count: int | None = None, extra_steps: int = 0
@@ -425,6 +458,8 @@ class BaseTrainer(BaseEstimator):
         if validation is None:
             return {}
         Xv, yv = validation
+        if is_dask_array(Xv):  # evaluated on a worker, where the validation data lives
+            return remote_call(_evaluate_values, model, Xv, yv, loss)
         values = {"val_loss": model.loss(Xv, yv, loss)}
         if loss == "cross_entropy":
             values["val_accuracy"] = model.accuracy(Xv, yv)

@@ -112,6 +112,13 @@ def data_options(func):
             help="Folder with MNIST IDX files or CIFAR-10 python batches.",
         ),
         click.option(
+            "--data",
+            "data_store",
+            type=click.Path(path_type=Path),
+            default=None,
+            help="Zarr group with arrays X and y (optionally X_val, y_val), read by the workers; replaces --dataset.",
+        ),
+        click.option(
             "--val-fraction",
             type=float,
             default=0.2,
@@ -160,7 +167,7 @@ def cluster_options(func):
 
 
 #: Python parameters whose command-line option has another destination name
-PARAMETER_OPTIONS = {"hidden_sizes": "hidden", "path": "data_path", "cf_iter": "relaxation"}
+PARAMETER_OPTIONS = {"hidden_sizes": "hidden", "path": "data_path", "cf_iter": "relaxation", "data": "data_store"}
 _ERRORS = (ValueError, TypeError, FileNotFoundError, ConnectionError, store.StoreError)
 # "name=value is not valid: ..." (daskann._validation.invalid); "a/b=..." for pairs of parameters,
 # "name[i]=..." for an entry of a list
@@ -266,8 +273,11 @@ def setup_logging(level: str) -> None:
 
 
 def load_data(opts: dict):
-    """The data set the options name."""
+    """The data set the options name: ``--data``'s zarr arrays (as dask arrays), or a named set."""
     from daskann.data import load_dataset
+
+    if opts.get("data_store") is not None:
+        return load_zarr_data(opts["data_store"])
 
     return load_dataset(
         opts["dataset"],
@@ -279,6 +289,40 @@ def load_data(opts: dict):
         val_fraction=opts.get("val_fraction", 0.2),
         seed=opts.get("seed", 0),
         dtype=opts.get("dtype", "float64"),
+    )
+
+
+def load_zarr_data(path):
+    """A :class:`~daskann.data.Dataset` of dask arrays read lazily from the zarr group at ``path``.
+
+    Arrays ``X`` and ``y`` are required; ``X_val`` and ``y_val`` are optional
+    (no validation without them). Nothing is read here: the task and loss come
+    from the dtype of ``y`` (integers: classification).
+    """
+    import dask.array as da
+    import zarr
+
+    from daskann._validation import invalid
+    from daskann.data import Dataset
+
+    expected = "a zarr group holding arrays X and y (optionally X_val and y_val)"
+    try:
+        group = zarr.open_group(str(path), mode="r")
+        names = set(group.array_keys())
+    except Exception:
+        raise invalid("data_store", str(path), expected) from None
+    if not {"X", "y"} <= names:
+        raise invalid("data_store", f"{path} (arrays: {', '.join(sorted(names)) or 'none'})", expected)
+    arrays = {name: da.from_zarr(group[name]) for name in ("X", "y", "X_val", "y_val") if name in names}
+    classification = np.issubdtype(arrays["y"].dtype, np.integer)
+    return Dataset(
+        name=Path(path).name,
+        X_train=arrays["X"],
+        y_train=arrays["y"],
+        X_val=arrays.get("X_val"),
+        y_val=arrays.get("y_val"),
+        task="classification" if classification else "regression",
+        loss="cross_entropy" if classification else "mse",
     )
 
 
@@ -319,19 +363,33 @@ def summarize(trainer, dataset, *, method: str, seconds: float, output=None, ext
         "parameters": int(model.n_parameters),
         "steps": int(getattr(trainer, "n_steps_", 0)),
         "seconds": round(seconds, 3),
-        "val_loss": float(model.loss(dataset.X_val, dataset.y_val, trainer.loss)),
     }
+    if dataset.X_val is not None:
+        summary.update(_validation_summary(model, dataset, trainer.loss))
     history = getattr(trainer, "history_", None)
     if history is not None and "loss" in history:
         losses = history["loss"].values
         finite = losses[np.isfinite(losses)]
         summary["final_train_loss"] = float(finite[-1]) if finite.size else None
-    if dataset.task == "classification":
-        summary["val_accuracy"] = float(model.accuracy(dataset.X_val, dataset.y_val))
     if output is not None:
         summary["output"] = str(output)
     summary.update(extra or {})
     return summary
+
+
+def _validation_summary(model, dataset, loss: str) -> dict:
+    """Validation loss (and accuracy) of the final model; on a worker for dask-array data."""
+    from daskann._dask_input import is_dask_array, remote_call
+
+    def measure(model, X_val, y_val):
+        values = {"val_loss": float(model.loss(X_val, y_val, loss))}
+        if dataset.task == "classification":
+            values["val_accuracy"] = float(model.accuracy(X_val, y_val))
+        return values
+
+    if is_dask_array(dataset.X_val):
+        return remote_call(measure, model, dataset.X_val, dataset.y_val)
+    return measure(model, dataset.X_val, dataset.y_val)
 
 
 def print_summary(summary: dict, as_json: bool) -> None:
@@ -344,7 +402,8 @@ def print_summary(summary: dict, as_json: bool) -> None:
     ]
     if "val_accuracy" in summary:
         parts.append(f"validation accuracy {summary['val_accuracy']:.3f}")
-    parts.append(f"validation loss {summary['val_loss']:.4g}")
+    if "val_loss" in summary:
+        parts.append(f"validation loss {summary['val_loss']:.4g}")
     click.echo(", ".join(parts))
     for key, value in summary.items():
         if key not in {"method", "dataset", "sizes", "steps", "seconds", "val_accuracy", "val_loss"}:
@@ -378,7 +437,8 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
         raise ValueError("resume needs --output, the run folder to continue")
     trainer = make_trainer(settings, dataset)
     start = time.perf_counter()
-    kwargs = dict(training_length(opts), validation_data=(dataset.X_val, dataset.y_val), **(fit_kwargs or {}))
+    validation = None if dataset.X_val is None else (dataset.X_val, dataset.y_val)
+    kwargs = dict(training_length(opts), validation_data=validation, **(fit_kwargs or {}))
     if resume is not None:
         kwargs["resume"] = resume
     trainer.fit(dataset.X_train, dataset.y_train, **kwargs)

@@ -30,7 +30,7 @@ BENCH_COMMANDS = {
     "mgrit": "daskann.mgrit.cli:bench_command",
     "partition": "daskann.partition.cli:bench_command",
 }
-TOP_COMMANDS = {"plan": "daskann.npt.cli:plan_command"}
+TOP_COMMANDS = {"plan": "daskann.plan.cli:plan_command"}
 # run in order by `daskann demo`; each takes a client and returns a summary dict
 DEMOS = [
     ("serial", "daskann.demo:serial_demo"),

@@ -49,7 +49,8 @@ BLAS_ONE_THREAD = {
 #: folder of the shipped profiles (package data); ``DASKANN_PROFILE_DIR`` adds folders searched first
 PROFILE_DIR = resources.files("daskann") / "profiles"
 JOBQUEUE_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster"}
-PROFILE_KEYS = ("kind", "cluster", "scale", "security", "description")
+# "plan" holds typical values for `daskann plan` (daskann.plan), not read here
+PROFILE_KEYS = ("kind", "cluster", "scale", "security", "description", "plan")
 SCALE_KEYS = ("jobs", "n", "cores", "memory")
 #: the scheduler of a profile serves its dashboard on loopback only (reach it by SSH tunnel)
 DEFAULT_SCHEDULER_OPTIONS = {"dashboard_address": "127.0.0.1:8787"}

@@ -15,6 +15,7 @@ __all__ = [
     "DiskFullError",
     "ExchangeAborted",
     "ExchangeTimeout",
+    "MGRITDidNotPay",
     "MGRITDiverged",
     "MGRITNotConverged",
     "PropagatorError",
@@ -127,6 +128,14 @@ class MGRITNotConverged(DaskannError, RuntimeError):
             f"(max_iter={result.max_iter}, tol={result.tol:g}); raise max_iter, or choose a more robust "
             "preset (cycle_type='F', more cf_iter, a capped coarse learning rate)"
         )
+
+
+class MGRITDidNotPay(DaskannError, UserWarning):
+    """Warning: an MGRIT fit fell back to serial propagation, or its work exceeded serial training's.
+
+    The weights are still serial training's; the time spent on MGRIT was not
+    repaid. ``MGRITTrainer.result_.adaptations`` says what each attempt cost.
+    """
 
 
 # -- partitioned pre-training ------------------------------------------------------

@@ -94,25 +94,7 @@ class SerialTrainer(BaseTrainer):
         verbose=0,
         blas_threads=1,
     ):
-        super().__init__(
-            hidden_sizes,
-            activation=activation,
-            output=output,
-            loss=loss,
-            lr=lr,
-            momentum=momentum,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            dtype=dtype,
-            negative_slope=negative_slope,
-            eval_every=eval_every,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            verbose=verbose,
-        )
-        self.bias = bias
-        self.blas_threads = blas_threads
+        self._store_params(locals())
 
     def _check_settings(self) -> dict:
         settings = super()._check_settings()

@@ -81,14 +81,23 @@ def loss_and_grads(Ws, bs, X, y, *, activation, loss, output="linear"):
 
 
 def init(sizes, seed, bias=True):
-    """torch.nn.Linear's default: U(-1/sqrt(n_in), 1/sqrt(n_in)) for W and b, drawn W then b per layer."""
-    rng = np.random.default_rng(seed)
+    """torch.nn.Linear's default, U(-1/sqrt(n_in), 1/sqrt(n_in)) for W and b, drawn in 128 x 128 tiles.
+
+    Tile ``(ti, tj)`` of layer ``l``'s W comes from ``default_rng([seed, l, 0, ti, tj])``, piece ``tj`` of
+    its bias from ``default_rng([seed, l, 1, 0, tj])`` (edge tiles are cut to the matrix).
+    """
     Ws, bs = [], []
-    for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+    for layer, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
         k = 1.0 / math.sqrt(n_in)
-        Ws.append(rng.uniform(-k, k, (n_in, n_out)))
+        W = np.zeros((n_in, n_out))
+        for r in range(0, n_in, 128):
+            for c in range(0, n_out, 128):
+                tile = np.random.default_rng([seed, layer, 0, r // 128, c // 128])
+                W[r : r + 128, c : c + 128] = tile.uniform(-k, k, (min(n_in - r, 128), min(n_out - c, 128)))
+        Ws.append(W)
         if bias:
-            bs.append(rng.uniform(-k, k, n_out))
+            pieces = [np.random.default_rng([seed, layer, 1, 0, c // 128]) for c in range(0, n_out, 128)]
+            bs.append(np.concatenate([g.uniform(-k, k, min(n_out - 128 * t, 128)) for t, g in enumerate(pieces)]))
     return Ws, (bs if bias else None)
 
 

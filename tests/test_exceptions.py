@@ -18,6 +18,7 @@ BUILTIN_BASE = {
     "DiskFullError": OSError,
     "ExchangeAborted": RuntimeError,
     "ExchangeTimeout": TimeoutError,
+    "MGRITDidNotPay": UserWarning,
     "MGRITDiverged": RuntimeError,
     "MGRITNotConverged": RuntimeError,
     "PropagatorError": ValueError,

@@ -351,6 +351,7 @@ def test_unstable_configuration_is_an_error_not_a_result(train_data):
         cfactor=4,
         max_iter=20,
         scheduler="inprocess",
+        require_convergence=True,  # the strict solver; the adaptive default is tests/test_mgrit_adaptive.py
     )
     with pytest.raises(MGRITDiverged) as info:
         trainer.fit(X, y, steps=512)
@@ -369,6 +370,7 @@ def test_unstable_configuration_is_an_error_not_a_result(train_data):
         cfactor=4,
         max_iter=8,
         scheduler="inprocess",
+        require_convergence=True,
     )
     with pytest.raises((MGRITDiverged, MGRITNotConverged)):
         capped.fit(X, y, steps=512)
@@ -521,8 +523,9 @@ def test_trainer_history_params_and_not_converged(train_data):
     assert {"residual", "time", "error", "val_loss"} <= set(h.data_vars)
     assert h["residual"].attrs["units"] == "1" and h["error"].values[-1] < 1e-9
     assert h.attrs["mgrit_levels"] == 2 and h.attrs["method"] == "mgrit"
+    strict = dict(max_iter=1, require_convergence=True)  # the adaptive default falls back to serial instead
     with pytest.raises(MGRITNotConverged, match="max_iter=1"):
-        MGRITTrainer((8,), lr=1e-3, batch_size=16, levels=2, cfactor=4, scheduler="inprocess", max_iter=1).fit(
+        MGRITTrainer((8,), lr=1e-3, batch_size=16, levels=2, cfactor=4, scheduler="inprocess", **strict).fit(
             X, y, steps=64
         )
 

@@ -234,7 +234,7 @@ class BlockShapes(WorkerPlugin):
 
 
 _PRODUCT = re.compile(r"-s\d+-(?:f|g|d)\d+-(\d+)-(\d+)(?:-k\d+)?$")
-_WEIGHT = re.compile(r"^(daskann-npt-\w+-a\d+)-(?:s(\d+)-w|init(\d+)-w)(\d+)-(\d+)-(\d+)$")
+_WEIGHT = re.compile(r"^(daskann-npt-\w+-a\d+)-(?:s(\d+)-w|init(\d+)-w|born-w()v?)(\d+)-(\d+)-(\d+)$")
 
 
 def test_block_products_run_on_their_owners_and_no_worker_holds_a_whole_weight_matrix(client4, classification):
@@ -271,9 +271,9 @@ def test_block_products_run_on_their_owners_and_no_worker_holds_a_whole_weight_m
         for key, shape in held.items():
             m = _WEIGHT.match(key)
             if m:
-                step = m.group(2) or m.group(3)
-                blocks.setdefault((m.group(1), step, int(m.group(4))), set()).add((int(m.group(5)), int(m.group(6))))
-                assert shape != full[int(m.group(4))], (worker, key, shape)
+                step = m.group(2) or m.group(3) or m.group(4)
+                blocks.setdefault((m.group(1), step, int(m.group(5))), set()).add((int(m.group(6)), int(m.group(7))))
+                assert shape != full[int(m.group(5))], (worker, key, shape)
             assert all(s < f for s, f in zip(shape, max(full), strict=False)) or len(shape) != 2 or shape not in full
         assert blocks, worker
         assert all(len(cells) < 4 for cells in blocks.values()), (worker, blocks)

@@ -7,7 +7,8 @@ training and converges to the weights :class:`daskann.SerialTrainer` gives.
 """
 
 from daskann.mgrit import linear, workmodel
-from daskann.mgrit._errors import MGRITDiverged, MGRITNotConverged, PropagatorError
+from daskann.mgrit._adapt import Adaptation
+from daskann.mgrit._errors import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged, PropagatorError
 from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
 from daskann.mgrit.propagators import SGDPropagator, auto_alpha_cap, stable_alpha_cap, top_curvature
@@ -17,8 +18,10 @@ from daskann.mgrit.trainer import MGRITTrainer
 __all__ = [
     "MGRIT",
     "PRESETS",
+    "Adaptation",
     "FunctionPropagator",
     "IterationInfo",
+    "MGRITDidNotPay",
     "MGRITDiverged",
     "MGRITNotConverged",
     "MGRITResult",

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from daskann.exceptions import MGRITDiverged, MGRITNotConverged, PropagatorError
+from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged, PropagatorError
 
-__all__ = ["MGRITDiverged", "MGRITNotConverged", "PropagatorError"]
+__all__ = ["MGRITDidNotPay", "MGRITDiverged", "MGRITNotConverged", "PropagatorError"]

@@ -7,12 +7,14 @@ not depend on where they run or on the number of workers.
 from __future__ import annotations
 
 import time
+import uuid
 from concurrent.futures import CancelledError
 
 import dask
 from distributed import Client
 
 from daskann import config
+from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
 
 
@@ -93,6 +95,8 @@ class DaskExecutor:
         """Scatter the context to every worker, again if a worker died during the broadcast."""
         for attempt in range(attempts := config.count("mgrit.context-attempts")):
             try:
+                if is_dask_array(getattr(self._raw_context.propagator, "X", None)):
+                    return self._broadcast_read(attempt)
                 return self.scheduler.scatter(self._raw_context, broadcast=True, hash=False)
             except (KeyError, OSError) as exc:  # the scheduler's replication lost a worker it was sending to
                 if attempt + 1 == attempts:
@@ -100,6 +104,18 @@ class DaskExecutor:
                         f"broadcasting the MGRIT context failed {attempts} times as workers left the cluster ({exc!r})"
                     ) from exc
                 time.sleep(1.0)
+
+    def _broadcast_read(self, attempt: int):
+        """The context with dask-array data: read on one worker and replicated, never through the client."""
+        context, client = self._raw_context, self.scheduler
+        prop = context.propagator
+        prefix = f"mgrit-data-{uuid.uuid4().hex[:12]}-{attempt}"
+        X = materialize(client, prop.X, key=f"{prefix}-X")
+        y = materialize(client, prop.y, key=f"{prefix}-y")
+        bare = type(context)(prop.without_data(), context.layout, context.hierarchy, context.u0)
+        future = client.submit(_with_data, bare, X, y, key=f"{prefix}-context", pure=False)
+        client.replicate([future])
+        return future
 
     def _run_distributed(self, tasks, attempt: int) -> list:
         def name(key):  # a rerun uses new keys: the cancelled ones may still be forgotten by the scheduler
@@ -131,3 +147,8 @@ class DaskExecutor:
             except Exception:  # the cluster may already be gone
                 pass
             self._context = None
+
+
+def _with_data(context, X, y):
+    """``context`` on a worker, its propagator given the data read there."""
+    return type(context)(context.propagator.with_data(X, y), context.layout, context.hierarchy, context.u0)

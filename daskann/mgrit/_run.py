@@ -121,6 +121,8 @@ class SolveRun:
         self.status = progress.get("status", "new")
         self.iteration = progress.get("iteration", 0)
         self.records = records_from_progress(progress)
+        self.first_own = len(self.records)  # records before this index are a resumed run's
+        self.norms: list[float] = []
         self.graphs: list = []  # work-model graphs of the iterations run by this call
         self.executor = None
         if self.iteration == 0:
@@ -144,7 +146,10 @@ class SolveRun:
         self.store.write("last", slice(None), u0_vec)
         if h.n_levels > 1 and not self.opt["nested_iteration"]:
             guess = u0_vec if self.opt["initial_guess"] == "start" else np.zeros_like(u0_vec)
-            self.store.write("c0", (0, slice(None)), np.broadcast_to(guess, (h.n_cpoints(0), u0_vec.size)))
+            # an adapted attempt continues from the C-points of the last iteration that was kept
+            cpoints = self.opt.get("initial_cpoints")
+            rows = np.broadcast_to(guess, (h.n_cpoints(0), u0_vec.size)) if cpoints is None else cpoints
+            self.store.write("c0", (0, slice(None)), rows)
 
     def _planner(self, blocks: tuple, prefix: str) -> Planner:
         h, opt = self.hierarchy, self.opt
@@ -180,6 +185,7 @@ class SolveRun:
         finals = [results[t.key] for t in tasks if t.final]
         norms = [r for f in finals for r in f["residuals"]]
         residual = _temporal_norm(norms, self.opt["t_norm"]) if self.hierarchy.n_levels > 1 else 0.0
+        self.norms = norms  # per C-point residuals: how far the trajectory can be trusted
         self.state_vec = next(f["last"] for f in finals if f["last"] is not None)
         light = [_LightTask(t.key, t.cost, t.deps) for t in self.model.iteration(k, nested=nested)]
         self.graphs.append(light)
@@ -200,6 +206,9 @@ class SolveRun:
         r, factor = residuals[-1], self.opt["divergence_factor"]
         grown = factor is not None and len(residuals) > 1 and r > factor * min(residuals[:-1])
         if math.isfinite(r) and not grown:
+            stall = self.opt.get("stall")
+            if stall is not None and stall(residuals[self.first_own :], self.opt["tol"]):
+                self.fail({"what": f"the residual stalled at {r:.3e}", "level": 0, "step": 0, "stalled": True}, k)
             return
         worst = int(np.argmax(norms)) if norms else 0
         step = (worst + 1) * self.hierarchy.cfactors[0]
@@ -234,9 +243,12 @@ class SolveRun:
             "failure": {"iteration": k, "level": failure["level"], "step": failure["step"], "what": failure["what"]},
         }
         self._write_progress(record)
-        raise MGRITDiverged(
+        error = MGRITDiverged(
             failure["what"], level=failure["level"], step=failure["step"], iteration=k, residuals=self.residuals
         )
+        # what the failed solve cost, for the caller that adapts and tries again
+        error.records, error.stalled = list(self.records), bool(failure.get("stalled", False))
+        raise error
 
     def _write_progress(self, progress: dict) -> None:
         if self.zarr:

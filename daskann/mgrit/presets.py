@@ -41,11 +41,42 @@ that must stay inside SGD's stability region). What each preset is, exactly:
 over the fine C-points) or after 50 iterations; all start from ``u_i = u_0``
 and use 3 levels unless told otherwise. Every option can be overridden
 (:func:`resolve_preset`).
+
+The paper's own solvers (Schroder, arXiv:1708.02276 v2) are
+:data:`PAPER_PRESETS`, resolved by :func:`paper_options` for a given number
+of steps. All of them run plain gradient descent (momentum 0, the weights
+alone are the state), coarsening ``m = 2``, levels added until the coarsest
+has at most ``max_coarse = 10`` steps (two levels with ``cycle="two-level"``),
+FCF relaxation, ``w_i = 0`` for ``i > 0`` as the initial guess (on which,
+as with XBraid's default ``skip=1``, the first cycle starts with the coarse
+levels' own solution: ``nested_iteration=True``; the paper ran XBraid), a halting
+tolerance of ``1e-9 * sqrt(N)`` on the Euclidean norm of the global residual
+and at most 50 iterations. Point ``i`` of a coarse level trains on the rows
+of its own index ``i`` (the paper's section 2 rule). They differ in the
+coarse learning rate ``alpha^(l)`` of level ``l`` and the data of a step:
+
+``"naive"``
+    ``alpha^(l) = alpha_b`` on every level; batch (every step all rows).
+``"schroder1"``
+    ``alpha^(l) = min(2^l alpha_b, alpha_max)`` (the paper's eq. 14); batch.
+``"schroder2"``
+    ``"schroder1"`` with serialized data (step ``i`` uses row ``i mod K``).
+``"schroder2-slow"``
+    ``"schroder2"`` with the slow growth ``min(1.25^l alpha_b, alpha_max)``
+    (eq. 18).
+
+``double_phi`` (the paper's conclusion mentions a double application of
+Phi for its undefined "Solver 3"): ``"split"`` makes a coarse step two
+applications of Phi at ``alpha^(l) / 2`` each (the same distance, a fresh
+gradient halfway); ``"repeat"`` two applications at ``alpha^(l)`` each
+(twice the distance). Both cost two units in the work models.
 """
 
 from __future__ import annotations
 
-from daskann._validation import check_choice, invalid
+import math
+
+from daskann._validation import check_choice, check_int, invalid
 
 _COMMON = {
     "levels": 3,
@@ -89,3 +120,115 @@ def resolve_preset(name: str, **overrides) -> dict:
         if value is not None:
             options[key] = value
     return options
+
+
+#: the paper's solvers: coarse learning-rate growth per level and the data of a step
+PAPER_PRESETS: dict[str, dict] = {
+    "naive": {"alpha_growth": 1.0, "data": "batch"},
+    "schroder1": {"alpha_growth": 2.0, "data": "batch"},
+    "schroder2": {"alpha_growth": 2.0, "data": "serialized"},
+    "schroder2-slow": {"alpha_growth": 1.25, "data": "serialized"},
+}
+PAPER_CYCLES = ("two-level", "V", "F")
+DOUBLE_PHI = (False, "split", "repeat")
+
+
+def paper_levels(n_steps: int, *, cfactor: int = 2, max_coarse: int = 10) -> int:
+    """Levels of the paper's hierarchy: added until the coarsest has at most ``max_coarse`` steps (at least 2)."""
+    levels, points = 1, n_steps
+    while points > max_coarse or levels < 2:
+        points //= cfactor
+        levels += 1
+    return levels
+
+
+def paper_options(
+    name: str,
+    n_steps: int,
+    *,
+    alpha_b: float,
+    alpha_max: float = math.inf,
+    cycle: str = "V",
+    double_phi=False,
+    max_coarse: int = 10,
+    max_iter: int = 50,
+) -> dict:
+    """Solver and propagator options of the paper's solver ``name`` for ``n_steps`` steps.
+
+    Parameters
+    ----------
+    name : {"naive", "schroder1", "schroder2", "schroder2-slow"}
+    n_steps : int
+        Training steps ``N``.
+    alpha_b : float
+        The fine learning rate (positive, finite).
+    alpha_max : float
+        Cap of the coarse learning rates (at least ``alpha_b``; ``inf`` for none).
+    cycle : {"two-level", "V", "F"}
+    double_phi : {False, "split", "repeat"}
+        Coarse step as two applications of Phi (module docstring).
+    max_coarse : int
+        Most steps the coarsest level may have (at least 1).
+    max_iter : int
+
+    Returns
+    -------
+    dict
+        ``"solver"``: keywords of :class:`daskann.mgrit.MGRIT`;
+        ``"propagator"``: keywords of :class:`daskann.mgrit.SGDPropagator`;
+        ``"data"``: ``"batch"`` or ``"serialized"``.
+
+    Examples
+    --------
+    >>> options = paper_options("schroder1", 1600, alpha_b=1.0, alpha_max=8.0)
+    >>> options["solver"]["levels"], options["propagator"]["alpha_cap"]
+    (9, 8.0)
+    """
+    check_choice("preset", name, tuple(PAPER_PRESETS))
+    n_steps = check_int("n_steps", n_steps)
+    alpha_b = _check_alpha("alpha_b", alpha_b, "a positive finite learning rate")
+    alpha_max = _check_alpha("alpha_max", alpha_max, f"a number >= alpha_b ({alpha_b!r}), or inf", lo=alpha_b)
+    check_choice("cycle", cycle, PAPER_CYCLES)
+    if double_phi not in DOUBLE_PHI or isinstance(double_phi, (int, float)) and double_phi is not False:
+        raise invalid("double_phi", double_phi, "False, 'split' or 'repeat'")
+    max_coarse = check_int("max_coarse", max_coarse, minimum=1)
+    if n_steps // 2 < 1:
+        raise invalid("n_steps", n_steps, "at least 2 (the coarsest level would keep fewer than 1 step)")
+    preset = PAPER_PRESETS[name]
+    levels = 2 if cycle == "two-level" else paper_levels(n_steps, max_coarse=max_coarse)
+    solver = {
+        "levels": levels,
+        "cfactor": 2,
+        "cf_iter": 1,
+        "cycle_type": "F" if cycle == "F" else "V",
+        "tol": 1e-9 * math.sqrt(n_steps),
+        "t_norm": 2,
+        "max_iter": check_int("max_iter", max_iter),
+        "initial_guess": "zero",
+        # XBraid's default skip=1 (no work on the first down-cycle) starts from the coarse solution
+        "nested_iteration": True,
+        "min_coarse": 1,
+    }
+    propagator = {
+        "lr": alpha_b,
+        "momentum": 0.0,
+        "coarse": "scaled",
+        "alpha_growth": preset["alpha_growth"],
+        "alpha_cap": None if alpha_max == math.inf else alpha_max / alpha_b,
+        "substeps": 2 if double_phi == "split" else 1,
+        "repeats": 2 if double_phi == "repeat" else 1,
+        "coarse_data": "own",
+        "velocity": False,
+    }
+    return {"solver": solver, "propagator": propagator, "data": preset["data"]}
+
+
+def _check_alpha(name: str, value, expected: str, *, lo: float = 0.0) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    if name == "alpha_b":
+        ok = ok and math.isfinite(value) and value > 0
+    else:
+        ok = ok and value >= lo
+    if not ok:
+        raise invalid(name, value, expected)
+    return float(value)

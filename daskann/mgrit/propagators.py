@@ -2,7 +2,9 @@
 
 The state of a training run is ``(w0, b0, w1, b1, ..., vw0, vb0, vw1, vb1, ...)``:
 the network's parameters in ``MLP.params`` order followed by the SGD velocity
-of each. The fine propagator ``Phi_i`` is one step of SGD with momentum on
+of each (``(w0, w1, ..., vw0, vw1, ...)`` for a network without biases; the
+parameters alone with ``velocity=False``, plain gradient descent as in
+Schroder 2017). The fine propagator ``Phi_i`` is one step of SGD with momentum on
 minibatch ``i``, computed by the same code and in the same order as
 :class:`daskann.SerialTrainer`, so a converged MGRIT run reproduces serial
 training.
@@ -21,8 +23,12 @@ Coarse propagators (level ``l`` spans ``M_l`` fine steps):
     than ``alpha_cap`` (SGD's stability limit: a coarse step with
     ``lr * alpha_l`` beyond it makes MGRIT diverge). ``substeps`` splits the
     coarse step into that many such steps, each with a fresh gradient
-    ("applying Phi twice" is ``substeps=2``); ``coarse_batches`` evaluates
-    each gradient on that many of the interval's minibatches at once.
+    (two applications of Phi at ``alpha_l / 2``); ``repeats`` applies the
+    whole coarse step that many times (two applications at ``alpha_l`` each);
+    ``coarse_batches`` evaluates each gradient on that many of the interval's
+    minibatches at once. ``coarse_data="own"`` makes point ``i`` of a coarse
+    level train on the rows of step ``i`` (Schroder 2017's rule, see
+    :func:`daskann.data.coarse_indices`) instead of those of its fine step.
 ``"repeat"``
     The fine step applied ``M_l`` times: exact, so MGRIT converges at once but
     saves nothing. For checks.
@@ -38,6 +44,7 @@ import threading
 
 import numpy as np
 
+from daskann._dask_input import is_dask_array, remote_call
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.data import BatchOrder
 from daskann.mgrit.problem import Propagator
@@ -46,6 +53,9 @@ from daskann.nn import LOSSES, MLP, SGD
 
 def _data_digest(X: np.ndarray, y: np.ndarray) -> str:
     h = hashlib.sha256()
+    if is_dask_array(X):  # the dask names identify the data without reading it
+        h.update(f"{X.name}{X.shape}{y.name}{y.shape}".encode())
+        return h.hexdigest()[:16]
     for a in (X, y):
         a = np.ascontiguousarray(a)
         h.update(f"{a.dtype.str}{a.shape}".encode())
@@ -84,6 +94,14 @@ class SGDPropagator(Propagator):
     step_offset : int
         Training steps done before point 0 (a run resumed from a checkpoint):
         step ``i`` of the solve trains on minibatch ``step_offset + i``.
+    repeats : int
+        Applications of the whole coarse step per coarse step.
+    coarse_data : {"fine", "own"}
+        Rows a coarse point trains on: those of the fine step it lies on, or
+        those of its own index on its level (Schroder 2017).
+    velocity : bool
+        Carry the SGD velocity in the state; False (momentum 0 only) makes the
+        state the parameters alone, so residuals measure weights only.
 
     Examples
     --------
@@ -112,6 +130,9 @@ class SGDPropagator(Propagator):
         substeps: int = 1,
         coarse_batches: int = 1,
         step_offset: int = 0,
+        repeats: int = 1,
+        coarse_data: str = "fine",
+        velocity: bool = True,
     ):
         if not isinstance(model, MLP):
             raise invalid("model", type(model).__name__, "an MLP", TypeError)
@@ -138,16 +159,26 @@ class SGDPropagator(Propagator):
         self.substeps = check_int("substeps", substeps)
         self.coarse_batches = check_int("coarse_batches", coarse_batches)
         self.step_offset = check_int("step_offset", step_offset, minimum=0)
-        self._n = 2 * (len(self.config["sizes"]) - 1)
+        self.repeats = check_int("repeats", repeats)
+        self.coarse_data = check_choice("coarse_data", coarse_data, ("fine", "own"))
+        if not isinstance(velocity, (bool, np.bool_)):
+            raise invalid("velocity", velocity, "True or False", TypeError)
+        if not velocity and momentum:
+            raise invalid("velocity", velocity, "True when momentum is not 0 (the velocity is then state)")
+        self.velocity = bool(velocity)
+        self._bias = bool(self.config.get("bias", True))
         sizes = self.config["sizes"]
         shapes = []
         for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
-            shapes += [(n_in, n_out), (n_out,)]
-        self._shapes = shapes + shapes
+            shapes += [(n_in, n_out), (n_out,)] if self._bias else [(n_in, n_out)]
+        self._n = len(shapes)
+        self._shapes = shapes + shapes if self.velocity else shapes
         self._local = threading.local()
         self._rows: dict[int, np.ndarray] = {}
         self._digest = _data_digest(X, y)
-        if auto:
+        if auto and is_dask_array(X):  # measured on a worker, where the data is read
+            self.alpha_cap = remote_call(_auto_alpha_cap_on, self.without_data(), self.initial_state(model), X, y)
+        elif auto:
             self.alpha_cap = auto_alpha_cap(self, self.initial_state(model))
             if self.alpha_cap == math.inf:
                 self.alpha_cap = None
@@ -156,20 +187,32 @@ class SGDPropagator(Propagator):
     def initial_state(self, model: MLP, velocity=None) -> tuple:
         """``(params..., velocities...)`` of ``model`` (zero velocity by default)."""
         params = [np.array(p) for p in model.params]
+        if not self.velocity:
+            return tuple(params)
         vel = [np.zeros_like(p) for p in params] if velocity is None else [np.array(v) for v in velocity]
         return tuple(params + vel)
 
     def split(self, state) -> tuple[MLP, list]:
         """The network and the velocity a state describes."""
         params = [np.array(a) for a in state[: self._n]]
-        model = MLP.from_arrays(
-            params[0::2],
-            params[1::2],
+        model = self._network(params)
+        velocity = [np.array(a) for a in state[self._n :]] if self.velocity else [np.zeros_like(p) for p in params]
+        return model, velocity
+
+    def _unzip(self, params) -> tuple[list, list]:
+        """Weights and biases of a parameter list in ``MLP.params`` order."""
+        return (list(params[0::2]), list(params[1::2])) if self._bias else (list(params), [])
+
+    def _network(self, params) -> MLP:
+        weights, biases = self._unzip(params)
+        return MLP.from_arrays(
+            weights,
+            biases,
             activation=self.config["activation"],
             output=self.config["output"],
             negative_slope=self.config["negative_slope"],
+            bias=self._bias,
         )
-        return model, [np.array(a) for a in state[self._n :]]
 
     def get_config(self) -> dict:
         """What identifies the training problem (stored with a run)."""
@@ -186,7 +229,23 @@ class SGDPropagator(Propagator):
             "substeps": self.substeps,
             "coarse_batches": self.coarse_batches,
             "step_offset": self.step_offset,
+            # only when not the default, so existing runs keep their identity
+            **({"repeats": self.repeats} if self.repeats != 1 else {}),
+            **({"coarse_data": self.coarse_data} if self.coarse_data != "fine" else {}),
+            **({"velocity": False} if not self.velocity else {}),
         }
+
+    def without_data(self) -> SGDPropagator:
+        """A copy holding no training data (to ship; :meth:`with_data` gives it the data on a worker)."""
+        return self.with_data(None, None)
+
+    def with_data(self, X, y) -> SGDPropagator:
+        """A copy that trains on ``X``, ``y`` (the same data, read elsewhere)."""
+        state = self.__getstate__()
+        state["X"], state["y"] = X, y
+        new = object.__new__(type(self))
+        new.__setstate__(state)
+        return new
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -210,16 +269,18 @@ class SGDPropagator(Propagator):
         # one network object per thread: the threaded scheduler runs tasks side by side
         net = getattr(self._local, "net", None)
         if net is None:
-            net = self._local.net = MLP.from_arrays(
-                params[0::2],
-                params[1::2],
-                activation=self.config["activation"],
-                output=self.config["output"],
-                negative_slope=self.config["negative_slope"],
-            )
-        net.weights, net.biases = params[0::2], params[1::2]
+            net = self._local.net = self._network(params)
+        net.weights, net.biases = self._unzip(params)
         _value, grad_w, grad_b = net.loss_and_gradients(self.X[rows], self.y[rows], self.loss)
-        return [g for pair in zip(grad_w, grad_b, strict=True) for g in pair]
+        return net.interleave(grad_w, grad_b)
+
+    def _descend(self, params, grads, velocity) -> None:
+        if self.velocity:
+            self.optimizer.step(params, grads, velocity)
+            return
+        lr = self.optimizer.lr
+        for p, g in zip(params, grads, strict=True):  # SGD.update with momentum 0, no velocity kept
+            p -= p.dtype.type(lr) * g
 
     def _views(self, vector: np.ndarray):
         """Parameter and velocity arrays viewing a flat state vector."""
@@ -236,12 +297,12 @@ class SGDPropagator(Propagator):
         params, velocity = self._views(out)
         if level == 0:
             grads = self._gradients(params, self.rows(start))
-            self.optimizer.step(params, grads, velocity)
+            self._descend(params, grads, velocity)
             return out
         if self.coarse == "repeat":
             for i in range(start, stop):
                 grads = self._gradients(params, self.rows(i))
-                self.optimizer.step(params, grads, velocity)
+                self._descend(params, grads, velocity)
             return out
         return None
 
@@ -250,7 +311,7 @@ class SGDPropagator(Propagator):
         params = [np.array(a) for a in state[: self._n]]
         velocity = [np.array(a) for a in state[self._n :]]
         grads = self._gradients(params, self.rows(step))
-        self.optimizer.step(params, grads, velocity)
+        self._descend(params, grads, velocity)
         return tuple(params + velocity)
 
     def alpha(self, level: int, span: int) -> float:
@@ -270,6 +331,17 @@ class SGDPropagator(Propagator):
         return self._scaled_step(state, start, stop, level)
 
     def _scaled_step(self, state, start, stop, level):
+        for _ in range(self.repeats):
+            state = self._scaled_once(state, start, stop, level)
+        return state
+
+    def _coarse_rows(self, steps, start: int, span: int) -> np.ndarray:
+        if self.coarse_data == "own":
+            # the coarse point's own index on its level (Schroder 2017), the same for every substep
+            return self.order.indices(self.step_offset + start // span)
+        return self.rows(steps[0]) if len(steps) == 1 else np.concatenate([self.rows(s) for s in steps])
+
+    def _scaled_once(self, state, start, stop, level):
         span = stop - start
         k = self.substeps
         a = self.alpha(level, span) / k
@@ -283,14 +355,13 @@ class SGDPropagator(Propagator):
         dtype = np.dtype(self.config["dtype"]).type
         lr = self.optimizer.lr
         params = [np.array(x) for x in state[: self._n]]
-        velocity = [np.array(x) for x in state[self._n :]]
+        velocity = [np.array(x) for x in state[self._n :]] if self.velocity else [None] * len(params)
         b = self.coarse_batches
         for j in range(k):
             first = start + (span * j) // k
             width = max(1, (span * (j + 1)) // k - (span * j) // k)
             steps = [first + (width * i) // b for i in range(min(b, width))]
-            rows = self.rows(steps[0]) if len(steps) == 1 else np.concatenate([self.rows(s) for s in steps])
-            grads = self._gradients(params, rows)
+            grads = self._gradients(params, self._coarse_rows(steps, start, span))
             for p, g, v in zip(params, grads, velocity, strict=True):
                 if beta:
                     p -= dtype(lr) * (dtype(beta * c_v) * v + dtype(c_w) * g)
@@ -298,8 +369,9 @@ class SGDPropagator(Propagator):
                     v += dtype(c_v) * g
                 else:
                     p -= dtype(lr * c_w) * g
-                    v[...] = g
-        return tuple(params + velocity)
+                    if v is not None:
+                        v[...] = g
+        return tuple(params + velocity) if self.velocity else tuple(params)
 
     def cost(self, level, span):
         if level == 0:
@@ -308,7 +380,7 @@ class SGDPropagator(Propagator):
             return float(span)
         if callable(self.coarse):
             return 1.0
-        return float(self.substeps * min(self.coarse_batches, max(1, span // self.substeps)))
+        return float(self.repeats * self.substeps * min(self.coarse_batches, max(1, span // self.substeps)))
 
 
 def stable_alpha_cap(lr: float, momentum: float, curvature: float, *, margin: float = 0.5) -> float:
@@ -370,6 +442,10 @@ def top_curvature(propagator: SGDPropagator, state, *, steps=(0,), iterations: i
             break
         v = hv / norm
     return abs(value)
+
+
+def _auto_alpha_cap_on(propagator: SGDPropagator, state, X, y) -> float:
+    return auto_alpha_cap(propagator.with_data(X, y), state)
 
 
 def auto_alpha_cap(

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 from distributed import Client
 
+from daskann._dask_input import is_dask_array, remote_call
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.mgrit import _store, workmodel
 from daskann.mgrit._errors import MGRITDiverged, PropagatorError
@@ -122,6 +123,23 @@ class MGRITResult:
     run_id : str
     fine_points : ndarray or None
         Rows ``u_0 .. u_N`` as flat vectors when solved with ``store_fine=True``.
+    rho : float
+        Convergence factor ``(||r_k|| / ||r_0||)^(1/k)`` (Schroder 2017), ``r_0``
+        the first residual computed, ``k`` the iterations after it; NaN with
+        fewer than two iterations.
+    cycle_type : str
+        ``"V"`` or ``"F"``.
+    potential_speedup : float
+        The paper's potential speedup ``N / sigma`` (eqs. 16-17,
+        :func:`daskann.mgrit.workmodel.paper_speedup`), beside daskann's own
+        work model (:meth:`speedup`).
+    ended : {"", "converged", "adapted", "serial-fallback"}
+        How an :class:`~daskann.mgrit.MGRITTrainer` fit ended: converged as
+        configured, converged after adapting the solver, or finished by serial
+        propagation from the last trusted point (``""`` for a plain solve).
+    adaptations : list of Adaptation
+        The trainer's attempts, one record each (:mod:`daskann.mgrit._adapt`):
+        the change, outcome, iterations, work units and seconds of each.
     """
 
     converged: bool
@@ -147,6 +165,11 @@ class MGRITResult:
     graphs: list = field(default_factory=list, repr=False)
     fine_points: np.ndarray | None = field(default=None, repr=False)
     layout: StateLayout | None = field(default=None, repr=False)
+    rho: float = math.nan
+    cycle_type: str = "V"
+    potential_speedup: float = math.nan
+    ended: str = ""
+    adaptations: list = field(default_factory=list)
 
     def trajectory(self) -> list[tuple]:
         """Every fine point ``u_0 .. u_N`` as states (needs ``store_fine=True``)."""
@@ -197,6 +220,11 @@ class MGRITResult:
             "store": self.store,
             "run_id": self.run_id,
             "speedup_unlimited": self.speedup() if self.critical_path else None,
+            "rho": None if math.isnan(self.rho) else self.rho,
+            "cycle_type": self.cycle_type,
+            "potential_speedup": None if math.isnan(self.potential_speedup) else self.potential_speedup,
+            "ended": self.ended,
+            "adaptations": [a.to_dict() for a in self.adaptations],
         }
 
 
@@ -445,6 +473,9 @@ class MGRIT:
     @staticmethod
     def _self_test(prop, layout, hierarchy: Hierarchy, u0_vec) -> None:
         """Call every level's propagator once on ``u0`` (XBraid's wrapper tests)."""
+        if is_dask_array(getattr(prop, "X", None)):  # on a worker, where the propagator's data is read
+            remote_call(_self_test_read, prop.without_data(), layout, hierarchy, u0_vec, prop.X, prop.y)
+            return
         ctx = Context(prop, layout, hierarchy, u0_vec)
         for level in range(hierarchy.n_levels):
             try:
@@ -590,10 +621,14 @@ class MGRIT:
         layout, hierarchy, scheduler = opt["layout"], opt["hierarchy"], opt["scheduler"]
         lists = series(run.records)
         executor = "inprocess" if scheduler is None else (run.executor.name if run.executor else str(scheduler))
+        n_iter = len(run.records)
         return MGRITResult(
+            rho=workmodel.convergence_factor(lists["residuals"]),
+            cycle_type=opt["cycle_type"],
+            potential_speedup=_paper_speedup(opt, n_iter),
             converged=run.status == "converged",
             status=run.status,
-            iterations=len(run.records),
+            iterations=n_iter,
             state=tuple(np.array(a) for a in layout.unpack(np.array(run.state_vec))),
             n_steps=hierarchy.n_steps,
             levels=hierarchy.describe(),
@@ -608,6 +643,19 @@ class MGRIT:
             **lists,
             **timings,
         )
+
+
+def _paper_speedup(opt: dict, n_iter: int) -> float:
+    """The paper's potential speedup of a solve (eqs. 16-17) with its coarsest level's size and step cost."""
+    h = opt["hierarchy"]
+    last = h.n_levels - 1
+    try:
+        cost = float(opt["propagator"].cost(last, h.span(last))) if last > 0 else 1.0
+    except Exception:  # a user's propagator without a usable cost: one application of Phi
+        cost = 1.0
+    return workmodel.paper_speedup(
+        h.n_steps, n_iter, h.n_levels, opt["cycle_type"], coarsest=h.n_points(last), coarse_cost=cost
+    )
 
 
 def _workers_are_local(client: Client) -> bool:
@@ -638,6 +686,10 @@ def _scratch_dir() -> str | None:
 def solve(propagator, u0, n_steps: int, **options) -> MGRITResult:
     """Shorthand for ``MGRIT(propagator, u0, n_steps, **options).solve()``."""
     return MGRIT(propagator, u0, n_steps, **options).solve()
+
+
+def _self_test_read(prop, layout, hierarchy: Hierarchy, u0_vec, X, y) -> None:
+    MGRIT._self_test(prop.with_data(X, y), layout, hierarchy, u0_vec)
 
 
 __all__ = ["MGRIT", "IterationInfo", "MGRITResult", "PropagatorError", "solve"]

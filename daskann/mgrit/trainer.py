@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,14 +16,17 @@ import numpy as np
 
 from daskann import store as store_module
 from daskann._base import BaseTrainer, TrainingData
+from daskann._dask_input import is_dask_array, remote_call
 from daskann._history import HistoryRecorder
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, CycleType, FloatDType, Loss, MGRITScheduler, Output
 from daskann._validation import check_choice, invalid
 from daskann.cluster import check_worker_memory, resolve_client
 from daskann.data import BatchOrder
-from daskann.mgrit._errors import MGRITNotConverged
+from daskann.mgrit import _adapt
+from daskann.mgrit._errors import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit.presets import PRESETS, resolve_preset
+from daskann.mgrit.problem import StateLayout
 from daskann.mgrit.propagators import SGDPropagator
 from daskann.mgrit.solver import MGRIT, MGRITResult
 from daskann.nn import MLP, SGD
@@ -51,6 +56,9 @@ class _FitRun:
     history: HistoryRecorder = field(default_factory=lambda: HistoryRecorder("iteration"))
     bar: ProgressBar | None = None
     t0: float = 0.0
+    u0: tuple | None = None  # the solve's initial state
+    attempt: int = 0  # the adaptive fit's current attempt
+    iter_offset: int = 0  # iterations of the attempts before it
 
 
 class MGRITTrainer(BaseTrainer):
@@ -66,7 +74,10 @@ class MGRITTrainer(BaseTrainer):
     ----------
     preset : {"solver1", "solver2", "solver3", "solver4"}
         Solver configuration (see :mod:`daskann.mgrit.presets`); every option
-        below left at None takes the preset's value.
+        below left at None takes the preset's value. The default, ``"solver2"``,
+        was chosen on the ordinary-SGD grid of ``daskann bench mgrit --grid``
+        (docs/mgrit.md): it converged in as many cells as any preset, with the
+        fewest iterations and less work than ``"solver3"``.
     levels, cfactor, cf_iter, cycle_type, weight_c, weight_c_growth, tol, rtol, max_iter, nested_iteration
         Solver options (:class:`daskann.mgrit.MGRIT`).
     coarse, alpha_growth, alpha_cap, substeps, coarse_batches
@@ -89,8 +100,18 @@ class MGRITTrainer(BaseTrainer):
     divergence_factor : float or None
         Residual growth that counts as instability.
     require_convergence : bool
-        Raise :class:`MGRITNotConverged` when ``max_iter`` is reached without
-        convergence (default); otherwise keep the unconverged weights.
+        False (default): the fit adapts. An attempt that diverges, stalls or
+        runs out of iterations is followed by a safer one (a smaller coarse
+        learning-rate cap, then two levels with two substeps; a user's coarse
+        propagator: two levels) that starts from the last kept iterate, all
+        within ``max_iter`` iterations in total; when none converges, the
+        steps after the last point the iterate holds exactly are propagated
+        serially. The weights are serial training's either way;
+        ``result_.ended`` and ``result_.adaptations`` say how, and
+        :class:`~daskann.exceptions.MGRITDidNotPay` is warned when MGRIT fell
+        back or its work exceeded serial training's. True: the strict solver
+        of one configuration, raising :class:`MGRITDiverged` or
+        :class:`MGRITNotConverged` instead of adapting.
     compute_error : bool
         Also train serially (in this process) and record the error of the
         current final weights against it after every iteration.
@@ -103,9 +124,12 @@ class MGRITTrainer(BaseTrainer):
     history_ : xarray.Dataset
         Over ``iteration``: ``residual``, ``time`` (cumulative wall time),
         ``error`` (relative error of the final weights against serial
-        training, when asked) and ``val_loss`` of the current final weights.
+        training, when asked), ``val_loss`` of the current final weights and
+        ``attempt`` (0 for the configuration asked for); attributes
+        ``mgrit_ended`` and ``mgrit_adaptations`` (JSON).
     result_ : MGRITResult
-        The solver's record (residuals, timings, work model).
+        The solver's record (residuals, timings, work model) over every
+        attempt, with ``ended`` and ``adaptations``.
     n_iter_ : int
     n_steps_ : int
     batch_order_ : BatchOrder
@@ -120,6 +144,7 @@ class MGRITTrainer(BaseTrainer):
     """
 
     method = "mgrit"
+    _reads_dask = True  # dask-array data is checked and read on the workers
 
     def __init__(
         self,
@@ -160,51 +185,11 @@ class MGRITTrainer(BaseTrainer):
         intervals_per_task="auto",
         timeout=600.0,
         divergence_factor=1e4,
-        require_convergence=True,
+        require_convergence=False,
         compute_error=False,
         client=None,
     ):
-        super().__init__(
-            hidden_sizes,
-            activation=activation,
-            output=output,
-            loss=loss,
-            lr=lr,
-            momentum=momentum,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            dtype=dtype,
-            negative_slope=negative_slope,
-            eval_every=eval_every,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            verbose=verbose,
-        )
-        self.preset = preset
-        self.levels = levels
-        self.cfactor = cfactor
-        self.cf_iter = cf_iter
-        self.cycle_type = cycle_type
-        self.weight_c = weight_c
-        self.weight_c_growth = weight_c_growth
-        self.tol = tol
-        self.rtol = rtol
-        self.max_iter = max_iter
-        self.nested_iteration = nested_iteration
-        self.coarse = coarse
-        self.alpha_growth = alpha_growth
-        self.alpha_cap = alpha_cap
-        self.substeps = substeps
-        self.coarse_batches = coarse_batches
-        self.scheduler = scheduler
-        self.store = store
-        self.intervals_per_task = intervals_per_task
-        self.timeout = timeout
-        self.divergence_factor = divergence_factor
-        self.require_convergence = require_convergence
-        self.compute_error = compute_error
-        self.client = client
+        self._store_params(locals())
 
     # -- configuration ---------------------------------------------------------------
     def _solver_options(self) -> dict:
@@ -247,10 +232,18 @@ class MGRITTrainer(BaseTrainer):
 
         Raises
         ------
+        TrainingDiverged
+            Serial training itself becomes non-finite (the adaptive fit's serial finish).
         MGRITDiverged
-            The iteration was unstable (level and step named); no model is kept.
+            ``require_convergence=True`` only: the iteration was unstable (level
+            and step named); no model is kept.
         MGRITNotConverged
-            ``max_iter`` reached without convergence (``require_convergence``).
+            ``require_convergence=True`` only: ``max_iter`` reached without convergence.
+
+        Warns
+        -----
+        MGRITDidNotPay
+            The fit fell back to serial propagation, or its work exceeded serial training's.
         """
         self._forget_fit()
         run = self._prepare_fit(X, y, steps, epochs, validation_data, init_model, resume)
@@ -260,8 +253,9 @@ class MGRITTrainer(BaseTrainer):
         run.bar = self._progress_bar(run.options["max_iter"], "mgrit", unit="iteration")
         with self._run_lock(), run.bar:  # the folder is this run's until its checkpoint is written
             run.reference = self._reference(reference, X, y, run.model, run.resume, run.total)
-            result = self._solve(run, solver)
+            result = self._solve(run, solver) if self.require_convergence else self._solve_adaptive(run, solver)
             self._finish_fit(run, result)
+        self._warn_if_unpaid(result)
         return self
 
     def _forget_fit(self) -> None:
@@ -301,13 +295,26 @@ class MGRITTrainer(BaseTrainer):
                 raise
             return None, None
 
-    def _plan_solver(self, run: _FitRun) -> MGRIT:
-        """The propagator of the run's SGD steps, its store, and the solver over them."""
-        options, settings = run.options, run.settings
+    def _plan_solver(self, run: _FitRun, options: dict | None = None, *, initial=None, budget=None) -> MGRIT:
+        """The propagator of the run's SGD steps, its store, and the solver over them.
+
+        ``options`` (an adapted attempt's), ``initial`` (fine C-points to start
+        from) and ``budget`` (iterations before a stall fails the attempt)
+        default to the fit's own solve.
+        """
+        first = options is None
+        options, settings = (run.options if first else options), run.settings
+        if budget is None and not self.require_convergence:
+            budget = options["max_iter"]
+        X, y = run.data.X, run.data.y
+        if run.scheduler != "distributed" and is_dask_array(X):  # local schedulers train in this process
+            import dask
+
+            X, y = (np.asarray(a) for a in dask.compute(X, y))
         run.prop = SGDPropagator(
             run.model,
-            run.data.X,
-            run.data.y,
+            X,
+            y,
             loss=settings["loss"],
             order=run.order,
             lr=settings["lr"],
@@ -319,14 +326,17 @@ class MGRITTrainer(BaseTrainer):
             coarse_batches=options["coarse_batches"],
             step_offset=run.done,
         )
-        u0 = run.prop.initial_state(run.model, run.velocity)
+        u0 = run.u0 = run.prop.initial_state(run.model, run.velocity)
         run_id = _run_id(run.prop.get_config(), options, u0, run.total - run.done)
-        run.store, run.scratch = self._store_path(run_id)
+        if first:
+            run.store, run.scratch = self._store_path(run_id)
         inprocess = run.scheduler == "inprocess"
-        return MGRIT(
+        return _adapt.AttemptSolver(
             run.prop,
             u0,
             run.total - run.done,
+            initial_cpoints=initial,
+            stall_budget=budget,
             levels=options["levels"],
             cfactor=options["cfactor"],
             cf_iter=options["cf_iter"],
@@ -335,31 +345,32 @@ class MGRITTrainer(BaseTrainer):
             weight_c_growth=options["weight_c_growth"],
             tol=options["tol"],
             rtol=options["rtol"],
-            max_iter=options["max_iter"],
-            nested_iteration=options["nested_iteration"],
+            max_iter=options["max_iter"] if budget is None else budget,
+            nested_iteration=options["nested_iteration"] and initial is None,
             divergence_factor=self.divergence_factor,
             callback=functools.partial(self._record_iteration, run),
             intervals_per_task=self.intervals_per_task,
             timeout=self.timeout,
-            run_id=run_id,
-            store=None if inprocess else run.store,
+            run_id=run_id if first else None,
+            # an adapted attempt is not resumable: a temporary store of its own
+            store=None if inprocess or not first else run.store,
             scheduler=None if inprocess else run.scheduler,
         )
 
     def _record_iteration(self, run: _FitRun, info) -> None:
         """The solver's callback: one history row per MGRIT iteration."""
-        row = {"residual": info.residual, "time": time.perf_counter() - run.t0}
+        row = {"residual": info.residual, "time": time.perf_counter() - run.t0, "attempt": run.attempt}
         if run.reference is not None:
             params = np.concatenate([a.ravel() for a in info.state[: len(info.state) // 2]])
             row["error"] = float(np.linalg.norm(params - run.reference) / np.linalg.norm(run.reference))
         if run.data.validation is not None:
             current, _ = run.prop.split(info.state)
-            row["val_loss"] = current.loss(*run.data.validation, run.settings["loss"])
-        run.history.append(info.iteration, **row)
-        run.bar.update(info.iteration, residual=info.residual)
+            row["val_loss"] = self._evaluate(current, run.data.validation, run.settings["loss"])["val_loss"]
+        run.history.append(run.iter_offset + info.iteration, **row)
+        run.bar.update(run.iter_offset + info.iteration, residual=info.residual)
 
     def _solve(self, run: _FitRun, solver: MGRIT) -> MGRITResult:
-        run.t0 = time.perf_counter()
+        run.t0 = run.t0 or time.perf_counter()  # the history's time runs on over every attempt
         if run.scheduler != "distributed":
             return solver.solve()
         with resolve_client(self.client) as client:
@@ -368,11 +379,134 @@ class MGRITTrainer(BaseTrainer):
             solver.scheduler = client
             return solver.solve()
 
+    def _solve_adaptive(self, run: _FitRun, solver: _adapt.AttemptSolver) -> MGRITResult:
+        """Attempts along the adaptation ladder, then the serial finish: a result holding serial's weights."""
+        budget = run.options["max_iter"]
+        options, change, kept, template = dict(run.options), "", None, None
+        records: list = []
+        adaptations: list[_adapt.Adaptation] = []
+        t_start = time.perf_counter()
+        while True:
+            opt = solver._check()
+            hierarchy = opt["hierarchy"]
+            t0 = time.perf_counter()
+            try:
+                result = self._solve(run, solver)
+                new = _adapt.result_records(result)
+                outcome, reason, template = ("converged" if result.converged else "max_iter"), result.status, result
+            except MGRITDiverged as exc:
+                new = list(getattr(exc, "records", []))
+                stalled = getattr(exc, "stalled", False)
+                outcome = "stalled" if stalled else "diverged"
+                reason = exc.what if stalled else f"{exc.what} on level {exc.level} at fine step {exc.step}"
+                reason += f" (iteration {exc.iteration})"
+            kept = solver.kept or kept
+            records += new
+            work, path = _adapt.records_cost(new)
+            adaptations.append(
+                _adapt.Adaptation(
+                    run.attempt,
+                    change,
+                    _attempt_options(options, run.prop),
+                    outcome,
+                    reason,
+                    len(new),
+                    work,
+                    path,
+                    time.perf_counter() - t0,
+                )
+            )
+            if outcome == "converged":
+                ended = "converged" if run.attempt == 0 else "adapted"
+                return self._combined(run, template, records, adaptations, result.state, ended, t_start, hierarchy)
+            run.iter_offset += len(new)
+            left = budget - len(records)
+            coarse = options["coarse"]
+            spans = [hierarchy.span(lvl) for lvl in range(1, hierarchy.n_levels)]
+            alpha_max = max((run.prop.alpha(lvl, span) for lvl, span in enumerate(spans, 1)), default=1.0)
+            step = None
+            if left > 0:
+                step = _adapt.next_change(
+                    run.attempt + 1, options, alpha_max, callable_coarse=callable(coarse) or coarse == "repeat"
+                )
+            if step is None:
+                break
+            change, options = step
+            run.attempt += 1
+            initial = _adapt.initial_guess(kept, StateLayout.from_state(run.u0).pack(run.u0), hierarchy.cfactors[0])
+            solver = self._plan_solver(run, options, initial=initial, budget=left)
+        return self._serial_finish(run, template, records, adaptations, kept, hierarchy, t_start)
+
+    def _serial_finish(self, run, template, records, adaptations, kept, hierarchy, t_start) -> MGRITResult:
+        """Propagate serially from the last point the kept iterate holds exactly."""
+        t0 = time.perf_counter()
+        layout = StateLayout.from_state(run.u0)
+        n_steps = run.total - run.done
+        start, vector = _adapt.trusted_start(kept, layout.pack(run.u0), hierarchy.cfactors[0])
+        if is_dask_array(run.prop.X):  # on a worker, where the propagator's data is read
+            prop = run.prop
+            args = (prop.without_data(), layout, start, vector, n_steps, run.done, prop.X, prop.y)
+            state = remote_call(_finish_on_worker, *args)
+        else:
+            state = _adapt.finish_serially(run.prop, layout, start, vector, n_steps, step_offset=run.done)
+        steps = float(n_steps - start)
+        reason = f"steps {start}..{n_steps} serially"
+        serial = _adapt.Adaptation(run.attempt + 1, "serial", {"start": start}, "serial", reason, 0, steps, steps, 0.0)
+        adaptations.append(dataclasses.replace(serial, seconds=time.perf_counter() - t0))
+        return self._combined(run, template, records, adaptations, state, "serial-fallback", t_start, hierarchy)
+
+    def _combined(self, run, template, records, adaptations, state, ended, t_start, hierarchy) -> MGRITResult:
+        """One result over every attempt (and the serial finish)."""
+        n_steps = run.total - run.done
+        serial = sum(a.work for a in adaptations if a.outcome == "serial")
+        fields = {
+            "converged": ended != "serial-fallback",
+            "status": "converged" if ended != "serial-fallback" else "serial-fallback",
+            "ended": ended,
+            "adaptations": adaptations,
+            "solve_time": time.perf_counter() - t_start,
+        }
+        if template is None:  # no attempt returned a result of its own
+            options = run.options
+            fields.update(setup_time=0.0, n_steps=n_steps, levels=hierarchy.describe(), store=None, run_id="")
+            fields.update(
+                tol=options["tol"], rtol=options["rtol"], max_iter=options["max_iter"], executor=run.scheduler
+            )
+        result = _adapt.combined_result(template, records, state, **fields)
+        result.potential_speedup = _adapt.combined_paper_speedup(result, hierarchy, serial)
+        return result
+
+    def _warn_if_unpaid(self, result: MGRITResult) -> None:
+        """Warn when the fit fell back, or its work-model time (unlimited workers) was not below serial's steps.
+
+        MGRIT's total work is always several times serial training's (it is
+        traded for parallelism); what must beat serial is its critical path.
+        """
+        if not result.ended:
+            return
+        path = sum(a.critical_path for a in result.adaptations)
+        if result.ended == "serial-fallback" or path >= result.n_steps:
+            work = sum(a.work for a in result.adaptations)
+            warnings.warn(
+                f"MGRIT did not pay: it ended {result.ended!r} after {len(result.adaptations)} attempt(s) and "
+                f"{result.iterations} iterations, with a work-model time of {path:.0f} and a total work of "
+                f"{work:.0f} units against {result.n_steps} serial steps (the weights are serial training's; "
+                "see result_.adaptations)",
+                MGRITDidNotPay,
+                stacklevel=3,
+            )
+
     def _finish_fit(self, run: _FitRun, result: MGRITResult) -> None:
         """Keep the result, or raise when it did not converge; write the checkpoint; drop a scratch store."""
         self._settings, self._data, self.batch_order_ = run.settings, run.data, run.order
         self.result_ = result
         attrs = _result_attrs(result, {**run.options, "alpha_cap": run.prop.alpha_cap})  # "auto" resolved
+        if result.ended:
+            attrs["mgrit_ended"] = result.ended
+            attrs["mgrit_adaptations"] = json.dumps([a.to_dict() for a in result.adaptations], default=str)
+            # every attempt and the serial finish, not the iterations alone
+            path = sum(a.critical_path for a in result.adaptations)
+            attrs["mgrit_speedup_unlimited"] = result.n_steps / path if path else float("nan")
         self.history_ = run.history.to_dataset({**self._history_attrs(run.settings), **attrs})
         if not result.converged and self.require_convergence:
             raise MGRITNotConverged(result)
@@ -383,7 +517,7 @@ class MGRITTrainer(BaseTrainer):
             self._save_checkpoint(
                 self.model_, self.velocity_, run.total, run.order, run.settings, extra={"mgrit": attrs}
             )
-        if run.scratch and run.store is not None and result.converged:
+        if run.scratch and run.store is not None and (result.converged or result.ended):
             shutil.rmtree(run.store, ignore_errors=True)
 
     def _store_path(self, run_id: str):
@@ -414,6 +548,10 @@ class MGRITTrainer(BaseTrainer):
         return np.concatenate([p.ravel() for p in reference.params]).astype(np.float64)
 
 
+def _finish_on_worker(prop, layout, start: int, vector, n_steps: int, offset: int, X, y):
+    return _adapt.finish_serially(prop.with_data(X, y), layout, start, vector, n_steps, step_offset=offset)
+
+
 def _run_id(prop_config: dict, options: dict, u0, n_steps: int) -> str:
     h = hashlib.sha256()
     h.update(
@@ -424,6 +562,11 @@ def _run_id(prop_config: dict, options: dict, u0, n_steps: int) -> str:
     for a in u0:
         h.update(np.ascontiguousarray(a).tobytes())
     return "mgrit-" + h.hexdigest()[:16]
+
+
+def _attempt_options(options: dict, prop: SGDPropagator) -> dict:
+    """What an attempt ran with: levels, the resolved coarse learning-rate cap and substeps."""
+    return {"levels": options["levels"], "alpha_cap": prop.alpha_cap, "substeps": options["substeps"]}
 
 
 def _result_attrs(result: MGRITResult, options: dict) -> dict:

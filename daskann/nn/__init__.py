@@ -17,6 +17,7 @@ from daskann.nn._functional import (
     softmax,
     sse_loss,
 )
+from daskann.nn._init import TILE, init_bias_block, init_weight_block, init_weights
 from daskann.nn._mlp import MLP
 from daskann.nn._sgd import SGD
 
@@ -26,11 +27,15 @@ __all__ = [
     "MLP",
     "OUTPUTS",
     "SGD",
+    "TILE",
     "activate",
     "activation_backward",
     "cross_entropy_loss",
     "dense_backward",
     "dense_forward",
+    "init_bias_block",
+    "init_weight_block",
+    "init_weights",
     "mse_loss",
     "output_activation",
     "output_backward",

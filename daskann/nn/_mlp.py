@@ -19,6 +19,7 @@ from daskann.nn._functional import (
     output_activation,
     output_loss,
 )
+from daskann.nn._init import check_seed, init_weights
 
 
 class MLP:
@@ -39,10 +40,16 @@ class MLP:
         last pre-activation).
     dtype : {"float64", "float32"}
         Floating point type of every parameter.
-    seed : int
-        Seed of the initialisation: ``U(-1/sqrt(n_in), 1/sqrt(n_in))`` for
-        weights and biases alike, as ``torch.nn.Linear``, drawn layer by layer
-        (weights, then biases when there are any).
+    seed : int or None
+        Non-negative seed of the initialisation (``None``: a fresh one):
+        ``U(-1/sqrt(n_in), 1/sqrt(n_in))`` for weights and biases alike, as
+        ``torch.nn.Linear``. The values are layout-independent: each
+        ``128 x 128`` tile of a weight matrix (and each 128-long piece of a
+        bias) is drawn from its own stream
+        ``numpy.random.default_rng([seed, layer, kind, tile_row, tile_col])``
+        (``kind`` 0 for weights, 1 for biases, ``tile_row`` 0), so any block
+        of any process grid is computed on its own and equals the same part
+        of the whole matrix (see :func:`daskann.nn.init_weight_block`).
     negative_slope : float
         Slope of Leaky ReLU for negative inputs.
     bias : bool
@@ -79,14 +86,8 @@ class MLP:
         self.dtype = check_float_dtype(dtype)
         self.negative_slope = float(negative_slope)
         self.bias = _check_bias(bias)
-        self.seed = seed
-        rng = np.random.default_rng(seed)
-        self.weights, self.biases = [], []
-        for n_in, n_out in zip(self.sizes[:-1], self.sizes[1:], strict=True):
-            bound = 1.0 / np.sqrt(n_in)
-            self.weights.append(rng.uniform(-bound, bound, (n_in, n_out)).astype(self.dtype))
-            if self.bias:
-                self.biases.append(rng.uniform(-bound, bound, n_out).astype(self.dtype))
+        self.seed = check_seed(seed)
+        self.weights, self.biases = init_weights(self.sizes, self.seed, bias=self.bias, dtype=self.dtype)
 
     @classmethod
     def from_arrays(

@@ -47,6 +47,7 @@ class GraphResult:
     grid: ProcessGrid | None = None
     recoveries: int = 0
     timings: dict = field(default_factory=dict)
+    state: object = None  # the final GridState, alive on the grid (None after divergence)
 
 
 class Anchor(NamedTuple):
@@ -91,6 +92,9 @@ class GraphRun:
         Steps submitted ahead of the one whose loss the client waits for.
     max_recoveries : int, optional
         Replays from the same state before giving up (default: ``daskann.npt.graph-replays``).
+    seed : int, optional
+        The state at step 0 is the seeded initialisation of this seed: computed on the cells
+        (:meth:`GraphEngine.born_state`) instead of scattered from the client.
     """
 
     X: object
@@ -109,6 +113,7 @@ class GraphRun:
     time_offset: float = 0.0
     lookahead: int = 1
     max_recoveries: int | None = None
+    seed: int | None = None
 
 
 def train_graph(client, grid: ProcessGrid, run: GraphRun, *, model, velocity, start: int) -> GraphResult:
@@ -194,7 +199,10 @@ class _Attempt:
                 if run.validation is not None
                 else None
             )
-            self.states[anchor.step] = engine.scatter_state(anchor.model, anchor.velocity, anchor.step)
+            if run.seed is not None and anchor.step == 0:
+                self.states[0] = engine.born_state(run.seed)
+            else:
+                self.states[anchor.step] = engine.scatter_state(anchor.model, anchor.velocity, anchor.step)
         except OSError as exc:
             raise WorkerLost(f"scattering to the grid failed ({exc})", None) from exc
         except KeyError as exc:
@@ -219,7 +227,7 @@ class _Attempt:
             for old in [k for k in self.states if k < done - 1]:
                 del self.states[old]
         model, velocity = self.engine.gather_state(self.states[run.stop], self.like, gather=self._gather)
-        return GraphResult(model, velocity, self.rows)
+        return GraphResult(model, velocity, self.rows, state=self.states[run.stop])
 
     def _submit_ahead(self, next_step: int, done: int) -> int:
         """Submit steps up to ``lookahead`` ahead of the last one read; the next step to submit."""

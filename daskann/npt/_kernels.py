@@ -178,7 +178,8 @@ def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):
     logits = np.concatenate([operand(s) for s in z_specs], axis=1) if len(z_specs) > 1 else operand(z_specs[0])
     dtype = logits.dtype.type
     if loss == "cross_entropy":
-        labels = target
+        # labels of the panel, or (all labels on this worker, rows of the panel) for data read on the workers
+        labels = target[0][target[1]] if isinstance(target, tuple) else target
         n = logits.shape[0]
         shifted = logits - logits.max(axis=1, keepdims=True)
         log_norm = np.log(np.exp(shifted).sum(axis=1))

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from daskann.nn import init_bias_block, init_weight_block
 from daskann.npt.grid import ProcessGrid, split_bounds
 
 
@@ -94,6 +95,25 @@ class Layout:
     def bias_block(self, layer: int, column: int, array: np.ndarray) -> np.ndarray:
         c0, c1 = self.features[layer + 1][column]
         return np.array(array[c0:c1])
+
+    def born_blocks(self, worker: str, seed: int, dtype) -> dict:
+        """``W``, ``vW``, ``b``, ``vb`` of ``worker``'s cells at the seeded initialisation, computed here.
+
+        Each block comes from :mod:`daskann.nn._init`'s tiles, so it equals the same part of
+        ``MLP(sizes, seed=seed)``; velocities start at zero.
+        """
+        cells = self.cells_of(worker)
+        columns = sorted({j for _, j in cells})
+        parts = {"W": {}, "vW": {}, "b": {}, "vb": {}}
+        for k in range(self.n_layers):
+            shape = (self.sizes[k], self.sizes[k + 1])
+            for cell in cells:
+                w = init_weight_block(seed, k, shape, self.features[k][cell[0]], self.features[k + 1][cell[1]], dtype)
+                parts["W"][k, cell], parts["vW"][k, cell] = w, np.zeros_like(w)
+            for j in columns:
+                b = init_bias_block(seed, k, shape, self.features[k + 1][j], dtype)
+                parts["b"][k, j], parts["vb"][k, j] = b, np.zeros_like(b)
+        return parts
 
     def assemble_weight(self, layer: int, blocks: dict, dtype) -> np.ndarray:
         out = np.empty((self.sizes[layer], self.sizes[layer + 1]), dtype=dtype)

@@ -81,6 +81,9 @@ class CellProgram:
         self.eval_steps = set(spec.get("eval_steps", ()))
         self.X = payload["X"]
         self.y = payload["y"]
+        if payload.get("born") is not None:
+            # the seeded initialisation, computed here: no weight came from the client
+            payload = payload | self.layout.born_blocks(self.me, payload["born"], self.dtype)
         self.W, self.vW = dict(payload["W"]), dict(payload["vW"])
         self.b, self.vb = dict(payload["b"]), dict(payload["vb"])
         workers = self.layout.cell_workers

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from daskann.nn import MLP
+from daskann._dask_input import is_dask_array, materialize
+from daskann.nn import MLP, init_bias_block, init_weight_block
 from daskann.npt import _kernels
 from daskann.npt._graph import GraphBuilder
 from daskann.npt.cannon import TrafficLedger, add_product
@@ -117,6 +118,8 @@ class GraphEngine:
     # -- moving state in and out ----------------------------------------------------
     def scatter_data(self, X, y, *, name: str = "data") -> DataBands:
         """Scatter the column bands of ``X`` (and of float ``y``) to their workers."""
+        if is_dask_array(X):
+            return self.place_data(X, y, name=name)
         data, where, futures = {}, {}, {}
         x_bands, x_owners = [], []
         for j, (c0, c1) in enumerate(self.col_bounds[0]):
@@ -145,6 +148,35 @@ class GraphEngine:
                     y_keys[i][j] = key
         futures = scatter_to(self.client, data, where)
         return DataBands(x_bands, x_owners, y_keys, labels, X.shape[0], futures)
+
+    def place_data(self, X, y, *, name: str = "data") -> DataBands:
+        """The layout of :meth:`scatter_data`, cut on the workers from persisted dask arrays.
+
+        Each band is one task on its owner that reads only the chunks it
+        overlaps; integer labels go, whole, to the first worker of every grid
+        row (they are small), so the client holds no data at all.
+        """
+        grid, futures = self.grid, {}
+        x_bands, x_owners = [], []
+        for j, bounds in enumerate(self.col_bounds[0]):
+            key, owner = f"{self.prefix}-{name}-X-{j}", self.band_owner(j)
+            futures[key] = materialize(self.client, X, key=key, cols=bounds, workers=[owner])
+            x_bands.append(Block(key, (X.shape[0], bounds[1] - bounds[0])))
+            x_owners.append(owner)
+        labels = self.settings["loss"] == "cross_entropy"
+        y_keys = [[None] * grid.cols for _ in range(grid.rows)]
+        for i in range(grid.rows):
+            for j, bounds in enumerate(self.col_bounds[-1]):
+                if (self.panel_loss or labels) and j > 0:
+                    continue
+                owner = grid.owner(i, j)
+                tag = "all" if self.panel_loss or labels else j
+                key = f"{self.prefix}-{name}-y-{tag}-{grid.workers.index(owner)}"
+                if key not in futures:
+                    cols = None if labels or self.panel_loss else bounds
+                    futures[key] = materialize(self.client, y, key=key, cols=cols, workers=[owner])
+                y_keys[i][j] = key
+        return DataBands(x_bands, x_owners, y_keys, None, X.shape[0], futures)
 
     def scatter_state(self, model: MLP, velocity, step: int) -> GridState:
         """Scatter weights, biases and velocities to their cells."""
@@ -198,6 +230,48 @@ class GraphEngine:
             biases.append(line)
         futures = scatter_to(self.client, data, where)
         return self._attach(GridState(step, weights, velocities, biases), futures)
+
+    def born_state(self, seed: int) -> GridState:
+        """The seeded initial state (:mod:`daskann.nn._init`), each block computed by a task on its owner.
+
+        The tasks take only the seed, the layer and the block bounds: no weight passes through the client.
+        """
+        grid, dtype = self.grid, self.dtype.name
+        builder = GraphBuilder(self.client, f"{self.prefix}-born")
+        weights, velocities, biases = [], [], []
+        for layer in range(self.n_layers):
+            cols = self.col_bounds[layer + 1]
+            shape = (self.sizes[layer], self.sizes[layer + 1])
+            kinds = (("wv", "w"), ("wv", "v")) if self.packed else (("w", None), ("v", None))
+            mats = [self._born_matrix(builder, seed, layer, kind, field_name) for kind, field_name in kinds]
+            weights.append(mats[0])
+            velocities.append(mats[1])
+            line = []
+            for j, c in enumerate(cols):
+                key = builder.add(
+                    f"{builder.name}-b{layer}-{j}", _born_bias, seed, layer, shape, c, dtype, owner=grid.owner(0, j)
+                )
+                line.append(Block(key, (1, c[1] - c[0]), field="b"))
+            biases.append(line)
+        state = GridState(0, weights, velocities, biases)
+        return self._attach(state, builder.submit(state.keys()))
+
+    def _born_matrix(self, builder: GraphBuilder, seed: int, layer: int, kind: str, field_name) -> GridMatrix:
+        """Layer ``layer``'s weights (``kind`` "w"), velocity ("v") or both packed ("wv", read as ``field_name``)."""
+        rows, cols = self.row_bounds[layer], self.col_bounds[layer + 1]
+        shape = (self.sizes[layer], self.sizes[layer + 1])
+        blocks = []
+        for i, r in enumerate(rows):
+            line = []
+            for j, c in enumerate(cols):
+                key = f"{builder.name}-{kind}{layer}-{i}-{j}"
+                if key not in builder.tasks:  # a packed block serves the weights and the velocity
+                    args = (seed, layer, shape, r, c, self.dtype.name, kind)
+                    builder.add(key, _born_weight, *args, owner=self.grid.owner(i, j))
+                size = (r[1] - r[0], c[1] - c[0])
+                line.append(self._packed_block(key, size, field_name) if self.packed else Block(key, size))
+            blocks.append(line)
+        return GridMatrix(self.grid, shape, self.dtype, rows, cols, blocks)
 
     def gather_state(self, state: GridState, like: MLP, gather=None) -> tuple[MLP, list]:
         """Weights and velocities as numpy arrays on the client (``gather``: futures -> values)."""
@@ -419,7 +493,7 @@ class GraphEngine:
                         owner,
                         int(np.prod(ZL.blocks[i][j].shape)) * self.dtype.itemsize,
                     )
-                if s["loss"] == "cross_entropy":
+                if s["loss"] == "cross_entropy" and data.labels is not None:
                     target = data.labels[rows[r0:r1]]
                 else:
                     target = (builder.ref(data.y_keys[i][0]), rows[r0:r1])
@@ -532,3 +606,17 @@ def _assemble(mat: GridMatrix, values: dict) -> np.ndarray:
             blk = mat.blocks[i][j]
             out[r0:r1, c0:c1] = _kernels.operand(blk.spec(values[blk.key]))
     return out
+
+
+def _born_weight(seed: int, layer: int, shape, rows, cols, dtype: str, kind: str):
+    """A weight block of the seeded initialisation (``"w"``), its zero velocity (``"v"``), or both packed."""
+    if kind == "v":
+        return np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype)
+    w = init_weight_block(seed, layer, shape, rows, cols, dtype)
+    return {"w": w, "v": np.zeros_like(w)} if kind == "wv" else w
+
+
+def _born_bias(seed: int, layer: int, shape, cols, dtype: str) -> dict:
+    """A bias block of the seeded initialisation with its zero velocity, as graph mode stores it."""
+    b = init_bias_block(seed, layer, shape, cols, dtype)
+    return {"b": b, "v": np.zeros_like(b)}

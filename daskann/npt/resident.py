@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from daskann import config
+from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import check_float, check_int, invalid
 from daskann.exceptions import ResidentError
 from daskann.nn import MLP
@@ -150,6 +151,7 @@ def train_resident(
     run_id: str,
     timeout: float = 120.0,
     eval_fn=None,
+    seed: int | None = None,
 ) -> ResidentResult:
     """Train steps ``start .. stop - 1`` with worker-resident Cannon products.
 
@@ -179,6 +181,10 @@ def train_resident(
     eval_fn : callable, optional
         ``eval_fn(completed_steps) -> bool``; the model at those steps is
         returned in :attr:`ResidentResult.snapshots`.
+    seed : int, optional
+        ``model`` and ``velocity`` are the seeded initialisation of this seed
+        (zero velocity): each worker computes its blocks itself
+        (:meth:`Layout.born_blocks`) and none is sent from the client.
 
     Returns
     -------
@@ -199,7 +205,10 @@ def train_resident(
     _check_workers(client, layout)
     ensure_plugin(client)
     run = ResidentRun.build(run_id, layout, settings, model.dtype, order, start, stop, timeout, eval_fn)
-    results = _run_cells(client, run, _payloads(layout, model, velocity, X, y, settings["loss"]))
+    payloads = _payloads(layout, model, velocity, X, y, settings["loss"], client=client, namespace=run.namespace)
+    if seed is not None:
+        payloads = _born(payloads, seed)
+    results = _run_cells(client, run, payloads)
     return _assemble(layout, model, results, run.eval_steps, start)
 
 
@@ -221,8 +230,9 @@ def _check_velocity(model: MLP, velocity) -> list:
 
 
 def _check_data(model: MLP, X, y, order, loss: str):
-    X = np.asarray(X, dtype=model.dtype)
-    y = np.asarray(y)
+    if not is_dask_array(X):  # dask arrays, checked and cast by the trainer, are read on the workers
+        X = np.asarray(X, dtype=model.dtype)
+        y = np.asarray(y)
     if X.shape != (order.n_samples, model.sizes[0]):
         raise invalid("X", f"shape {X.shape}", f"shape ({order.n_samples}, {model.sizes[0]})")
     expected = (order.n_samples,) if loss == "cross_entropy" else (order.n_samples, model.sizes[-1])
@@ -247,18 +257,20 @@ def _check_workers(client, layout: Layout) -> None:
         raise invalid("grid", f"a grid on {', '.join(missing)}", "a grid whose workers are all in the cluster now")
 
 
-def _payload(layout: Layout, worker: str, model: MLP, velocity, X, y, loss: str) -> dict:
-    """The blocks and data bands one worker's cells start from."""
+def _payload(layout: Layout, worker: str, model: MLP, velocity, X, y, loss: str, read=None) -> dict:
+    """The blocks and data bands one worker's cells start from (``read`` cuts dask-array data on ``worker``)."""
     cells = layout.cells_of(worker)
     columns = sorted({j for _, j in cells})
     n = layout.n_layers
     payload = {
-        "X": {j: np.ascontiguousarray(X[:, slice(*layout.features[0][j])]) for j in columns},
         "W": {(k, c): layout.weight_block(k, c, model.weights[k]) for k in range(n) for c in cells},
         "vW": {(k, c): layout.weight_block(k, c, velocity[2 * k]) for k in range(n) for c in cells},
         "b": {(k, j): layout.bias_block(k, j, model.biases[k]) for k in range(n) for j in columns},
         "vb": {(k, j): layout.bias_block(k, j, velocity[2 * k + 1]) for k in range(n) for j in columns},
     }
+    if read is not None:
+        return {**read(worker, columns), **payload}
+    payload["X"] = {j: np.ascontiguousarray(X[:, slice(*layout.features[0][j])]) for j in columns}
     if loss == "cross_entropy":
         payload["y"] = np.asarray(y, dtype=np.int64)
     else:
@@ -266,10 +278,34 @@ def _payload(layout: Layout, worker: str, model: MLP, velocity, X, y, loss: str)
     return payload
 
 
-def _payloads(layout: Layout, model: MLP, velocity, X, y, loss: str):
+def _payloads(layout: Layout, model: MLP, velocity, X, y, loss: str, *, client=None, namespace: str = ""):
     """``(worker, its payload)`` for every worker of the grid, built one at a time."""
+    read = None
+    if is_dask_array(X):
+
+        def read(worker: str, columns) -> dict:
+            k = layout.workers.index(worker)
+
+            def band(array, bounds, tag):
+                key = f"{namespace}-read-{tag}-{k}"
+                return materialize(client, array, key=key, cols=bounds, workers=[worker])
+
+            features, outputs = layout.features[0], layout.features[-1]
+            cut = {"X": {j: band(X, features[j], f"X-{j}") for j in columns}}
+            if loss == "cross_entropy":
+                cut["y"] = band(y, None, "y")
+            else:
+                cut["y"] = {j: band(y, outputs[j], f"y-{j}") for j in columns}
+            return cut
+
     for worker in layout.workers:
-        yield worker, _payload(layout, worker, model, velocity, X, y, loss)
+        yield worker, _payload(layout, worker, model, velocity, X, y, loss, read)
+
+
+def _born(payloads, seed: int):
+    """``payloads`` without weight blocks: each worker computes the seeded initialisation of its cells."""
+    for worker, payload in payloads:
+        yield worker, {k: v for k, v in payload.items() if k not in ("W", "vW", "b", "vb")} | {"born": int(seed)}
 
 
 # -- running -------------------------------------------------------------------
@@ -302,12 +338,30 @@ def _scatter(client, run: ResidentRun, payloads, *, into: dict) -> None:
     for k, (worker, payload) in enumerate(payloads):
         key = f"{run.namespace}-data-{k}"
         try:
+            if _holds_futures(payload):  # data cut on the worker: the blocks join it there
+                into[worker] = client.submit(
+                    _identity, payload, key=key, workers=[worker], allow_other_workers=False, pure=False
+                )
+                continue
             into[worker] = client.scatter({key: payload}, workers=[worker], hash=False)[key]
         except (OSError, KeyError) as exc:
             # the worker left between the grid's set-up and the scatter (the scheduler no longer knows it)
             if isinstance(exc, KeyError) and not (exc.args and exc.args[0] == worker):
                 raise
             raise ResidentError(f"worker {worker} left while its blocks were scattered ({exc!r})") from exc
+
+
+def _holds_futures(payload: dict) -> bool:
+    from distributed import Future
+
+    values = [payload["y"], *payload["X"].values()]
+    if isinstance(payload["y"], dict):
+        values += list(payload["y"].values())
+    return any(isinstance(v, Future) for v in values)
+
+
+def _identity(payload):
+    return payload
 
 
 def _clean_up(client, run: ResidentRun, futures: list) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import time
 import uuid
 from dataclasses import dataclass
@@ -80,6 +81,10 @@ class NPTTrainer(BaseTrainer):
     ----------
     model_ : MLP
         The trained network, gathered from the grid at the end.
+    weights_, biases_ : list of dask.array.Array
+        The trained weights and biases chunked on the grid, read from their
+        cells (graph mode on a cluster that is still running; otherwise
+        numpy arrays of ``model_``).
     velocity_ : list of ndarray
         SGD velocity per parameter (``model_.params`` order).
     history_ : xarray.Dataset
@@ -106,6 +111,7 @@ class NPTTrainer(BaseTrainer):
     """
 
     method = "npt"
+    _reads_dask = True  # dask-array data is checked and read on the workers
 
     def __init__(
         self,
@@ -133,30 +139,7 @@ class NPTTrainer(BaseTrainer):
         timeout=120.0,
         client=None,
     ):
-        super().__init__(
-            hidden_sizes,
-            activation=activation,
-            output=output,
-            loss=loss,
-            lr=lr,
-            momentum=momentum,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            dtype=dtype,
-            negative_slope=negative_slope,
-            eval_every=eval_every,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            verbose=verbose,
-        )
-        self.grid = grid
-        self.mode = mode
-        self.share_workers = share_workers
-        self.deterministic = deterministic
-        self.pipeline = pipeline
-        self.timeout = timeout
-        self.client = client
+        self._store_params(locals())
 
     # -- checks ---------------------------------------------------------------------
     def _check_npt(self) -> dict:
@@ -244,14 +227,16 @@ class NPTTrainer(BaseTrainer):
             self._settings, self._data, self.batch_order_, self._npt = settings, data, order, npt
             history = HistoryRecorder("step")
             if ckpt is not None:
-                model, velocity, done = ckpt.model, ckpt.velocity, ckpt.step
+                model, velocity, done, born = ckpt.model, ckpt.velocity, ckpt.step, None
                 history.extend_from(_previous_history(resume, done))
             else:
                 model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
                 velocity, done = SGD.init_state(model.params), 0
+                # the seeded initialisation is computed block by block on the grid's cells
+                born = settings["seed"] if init_model is None else None
             self._check_checkpoint_space(settings, model.sizes, done, total)
             self._setup_grid(client, npt, model.sizes, settings)
-            self._run(client, model, velocity, done, total, history)
+            self._run(client, model, velocity, done, total, history, born=born)
         return self
 
     def partial_fit(self, X=None, y=None, *, steps=1):
@@ -278,6 +263,40 @@ class NPTTrainer(BaseTrainer):
                 self.grid_ = ProcessGrid.from_workers(self.grid_.shape, alive, share_workers=True)
             self._run(client, self.model_, self.velocity_, self.n_steps_, self.n_steps_ + steps, history)
         return self
+
+    @property
+    def weights_(self) -> list:
+        """Trained weight matrices as dask arrays whose chunks are the grid's blocks, where they live.
+
+        Built from the final state's block futures (graph mode): nothing moves until computed (on the
+        trainer's client, e.g. ``client.compute(w)``). After resident mode, a diverged run, or once the
+        embedded cluster of ``client=None`` is closed, numpy arrays of :attr:`model_`.
+        """
+        state = self._live_grid_state()
+        if state is None:
+            return super().weights_
+        return [mat.to_dask() for mat in state.weights]
+
+    @property
+    def biases_(self) -> list:
+        """Trained bias vectors, as :attr:`weights_` (one chunk per grid column, on its column's first cell)."""
+        state = self._live_grid_state()
+        if state is None:
+            return super().biases_
+        return [_bias_to_dask(line, state.futures, self.model_.dtype) for line in state.biases]
+
+    def __getstate__(self):
+        # the final state's futures belong to one live client: a pickled trainer keeps model_ alone
+        state = super().__getstate__()
+        state.pop("_grid_state", None)
+        return state
+
+    def _live_grid_state(self):
+        """The final graph-mode state while its cluster runs (an embedded cluster is closed after ``fit``)."""
+        state = getattr(self, "_grid_state", None)
+        if state is None or not state.futures:
+            return None
+        return state if next(iter(state.futures.values())).client.status == "running" else None
 
     def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
         from daskann.npt import costmodel
@@ -325,7 +344,9 @@ class NPTTrainer(BaseTrainer):
         self.mode_ = mode
         self.recoveries_ = 0
 
-    def _run(self, client, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
+    def _run(
+        self, client, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder, *, born: int | None = None
+    ) -> None:
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
@@ -347,7 +368,9 @@ class NPTTrainer(BaseTrainer):
             eval_steps,
             ckpt_steps,
             offset=history.last_value("time", default=0.0),
+            seed=born,
         )
+        self._grid_state = None
         self.model_, self.velocity_ = model, velocity
         diverged = None
         try:
@@ -405,11 +428,13 @@ class NPTTrainer(BaseTrainer):
             on_checkpoint=self._checkpoint_fn(),
             progress=lambda done, loss: bar.update(done, loss=loss),
             time_offset=stretch.offset,
+            seed=stretch.seed,
         )
         result = train_graph(client, self.grid_, run, model=model, velocity=velocity, start=stretch.start)
         for done in sorted(result.rows):
             history.append(done, **result.rows[done])
         self.model_, self.velocity_ = result.model, result.velocity
+        self._grid_state = result.state
         self.grid_ = result.grid
         self.recoveries_ += result.recoveries
         if result.diverged_step is not None:
@@ -471,6 +496,7 @@ class NPTTrainer(BaseTrainer):
                     run_id=f"{stretch.run_id}-r{attempts}",
                     timeout=self._npt["timeout"],
                     eval_fn=(lambda d: d in stretch.eval_steps) if stretch.eval_steps else None,
+                    seed=stretch.seed if start == 0 else None,
                 )
                 return result, seg_t0, attempts
             except ResidentError as exc:
@@ -521,6 +547,24 @@ class _Stretch:
     eval_steps: frozenset  # step counts after which the validation set is evaluated
     ckpt_steps: frozenset  # step counts after which a checkpoint is saved
     offset: float = 0.0  # seconds already on the history's clock
+    seed: int | None = None  # the state at step 0 is this seed's initialisation, computed on the cells
+
+
+def _bias_to_dask(blocks, futures: dict, dtype):
+    """A 1-d dask array over a layer's bias blocks (``{"b", "v"}`` dicts on the grid), read where they live."""
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
+    from daskann._compat import Task, TaskRef
+
+    name = f"{blocks[0].key}-dask-{uuid.uuid4().hex[:6]}"
+    dsk = {}
+    for j, blk in enumerate(blocks):
+        dsk[(f"{name}-source", j)] = futures[blk.key]  # keeps the block alive
+        dsk[(name, j)] = Task((name, j), operator.getitem, TaskRef((f"{name}-source", j)), blk.field)
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
+    chunks = (tuple(blk.shape[1] for blk in blocks),)
+    return da.Array(graph, name, chunks, dtype=dtype, shape=(sum(chunks[0]),))
 
 
 def _previous_history(resume, upto: int):

@@ -15,6 +15,7 @@ import xarray as xr
 
 from daskann import store
 from daskann._base import BaseTrainer
+from daskann._dask_input import is_dask_array, materialize, remote_call
 from daskann._history import HistoryRecorder
 from daskann._typing import Activation, Combine, FloatDType, Loss, Output, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
@@ -140,6 +141,7 @@ class PartitionTrainer(BaseTrainer):
     """
 
     method = "partition"
+    _reads_dask = True  # dask-array data is checked and read on the workers
 
     def __init__(
         self,
@@ -172,35 +174,7 @@ class PartitionTrainer(BaseTrainer):
         timeout=3600.0,
         client=None,
     ):
-        super().__init__(
-            hidden_sizes,
-            activation=activation,
-            output=output,
-            loss=loss,
-            lr=lr,
-            momentum=momentum,
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            dtype=dtype,
-            negative_slope=negative_slope,
-            eval_every=eval_every,
-            checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every,
-            verbose=verbose,
-        )
-        self.k = k
-        self.combine = combine
-        self.noise = noise
-        self.sub_steps = sub_steps
-        self.sub_epochs = sub_epochs
-        self.mode = mode
-        self.sub_trainer = sub_trainer
-        self.finetune_trainer = finetune_trainer
-        self.npt_options = npt_options
-        self.retries = retries
-        self.timeout = timeout
-        self.client = client
+        self._store_params(locals())
 
     # -- checks -------------------------------------------------------------
     def _check_settings(self) -> dict:
@@ -385,7 +359,10 @@ class PartitionTrainer(BaseTrainer):
         self.diversity_ = None
         if data.validation is not None:
             task = "classification" if settings["loss"] == "cross_entropy" else "regression"
-            self.diversity_ = submodel_diversity(self.submodels_, data.validation[0], task=task)
+            if is_dask_array(data.validation[0]):  # measured on a worker, where the validation data lives
+                self.diversity_ = remote_call(_diversity, self.submodels_, data.validation[0], task)
+            else:
+                self.diversity_ = submodel_diversity(self.submodels_, data.validation[0], task=task)
 
     def _check_run_dir(self, resume, settings, partition: Partition, sub_total: int) -> Path | None:
         """Validate ``resume`` or a fresh ``checkpoint_dir``; nothing is written yet."""
@@ -484,10 +461,15 @@ class PartitionTrainer(BaseTrainer):
             def scatter():
                 if scattered:  # a rerun after every copy died: nannies may still be bringing workers back
                     client.wait_for_workers(1, timeout=settings["timeout"])
-                X_f, y_f = client.scatter([data.X, data.y], broadcast=True, hash=False)
-                val_f = (
-                    None if validation is None else tuple(client.scatter(list(validation), broadcast=True, hash=False))
-                )
+                if is_dask_array(data.X):
+                    X_f, y_f, val_f = _shared_copies(client, data, f"{prefix}-data-{len(scattered)}")
+                else:
+                    X_f, y_f = client.scatter([data.X, data.y], broadcast=True, hash=False)
+                    val_f = (
+                        None
+                        if validation is None
+                        else tuple(client.scatter(list(validation), broadcast=True, hash=False))
+                    )
                 scattered.extend([X_f, y_f, *(val_f or ())])
                 return X_f, y_f, val_f
 
@@ -571,7 +553,13 @@ class PartitionTrainer(BaseTrainer):
         try:
             # the NPT engine looks for the current client in places; make it this one
             with current_client(client):
-                if resume is not None:
+                if is_dask_array(data.X) and not trainer._reads_dask and run_dir is None:
+                    # serial fine-tuning of dask-array data runs on a worker, where the data is read (with a
+                    # run folder it runs here: the folder's lock belongs to this process)
+                    trainer = remote_call(
+                        _fit_on_worker, trainer, data.X, data.y, data.validation, total, resume, merged
+                    )
+                elif resume is not None:
                     trainer.fit(data.X, data.y, steps=total, validation_data=data.validation, resume=resume)
                 else:
                     trainer.fit(data.X, data.y, steps=total, validation_data=data.validation, init_model=merged)
@@ -639,6 +627,28 @@ class PartitionTrainer(BaseTrainer):
         self.history_ = self._timeline(trainer.history_, self._finetune_offset)
         self.history_.attrs.update(self._run_attrs())
         return self
+
+
+def _shared_copies(client, data, prefix: str):
+    """One copy of the dask-array data on every worker: cut on one, replicated worker to worker."""
+    arrays = [data.X, data.y, *(data.validation or ())]
+    futures = [materialize(client, a, key=f"{prefix}-{i}") for i, a in enumerate(arrays)]
+    client.replicate(futures)
+    return futures[0], futures[1], (tuple(futures[2:]) if data.validation is not None else None)
+
+
+def _fit_on_worker(trainer, X, y, validation, steps: int, resume, init_model):
+    """Fit ``trainer`` here and return it without its copy of the data (the client needs only the results)."""
+    if resume is not None:
+        trainer.fit(X, y, steps=steps, validation_data=validation, resume=resume)
+    else:
+        trainer.fit(X, y, steps=steps, validation_data=validation, init_model=init_model)
+    trainer.__dict__.pop("_data", None)
+    return trainer
+
+
+def _diversity(submodels, X, task: str) -> dict:
+    return submodel_diversity(submodels, X, task=task)
 
 
 def _nan_reduce(values: np.ndarray, reduce):

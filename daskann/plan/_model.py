@@ -1,0 +1,326 @@
+"""Predicted training time of every method on a described cluster.
+
+Every prediction is built from the same few numbers (:class:`ClusterSpec`):
+
+* a training step of a net costs its GEMM flops over ``flop_rate``, plus
+  ``gemm_overhead`` per GEMM call and ``layer_overhead`` per layer; this is
+  also :class:`daskann.SerialTrainer`'s time, the reference of every speedup;
+* NPT: the grid cost model of :mod:`daskann.npt.costmodel` fed with the
+  cluster's numbers, over every grid that fits ``p`` workers, in graph and
+  resident mode;
+* MGRIT: the solver's own task graphs (:class:`daskann.mgrit._plan.Planner`)
+  with each task's work in seconds plus its task overhead, one message and the
+  bytes of the states it reads, list-scheduled on ``p`` workers
+  (:func:`daskann.mgrit.workmodel.makespan`), times the iteration count;
+* partition: ``k`` sub-models of width ``h / k`` (hidden-to-hidden products
+  shrink by ``k**2``) trained for a share ``1 - finetune_fraction`` of the
+  steps in ``ceil(k / p)`` waves of tasks, the merge, and the remaining steps
+  on the full net.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from daskann.mgrit import workmodel
+from daskann.mgrit._levels import check_hierarchy
+from daskann.mgrit._plan import Planner, block_sizes
+from daskann.mgrit.presets import resolve_preset
+from daskann.npt.costmodel import CostModel, candidate_grids
+from daskann.plan._cluster import ClusterSpec
+
+METHODS = ("npt", "mgrit", "partition")
+#: MGRIT iterations added per doubling of the steps beyond the pilot's
+ITERATION_GROWTH_PER_DOUBLING = 1.0
+#: share of the steps the merged network is fine-tuned for (the rest trains the sub-models)
+FINETUNE_FRACTION = 0.25
+
+
+@dataclass(frozen=True)
+class Network:
+    """What the models need to know about a training run.
+
+    Attributes
+    ----------
+    sizes : tuple of int
+        Layer widths, input to output.
+    batch_size : int
+    steps : int
+        Training steps of the whole run.
+    n_samples : int
+        Rows of the training data (moved to the workers once).
+    itemsize : int
+        Bytes per number.
+    momentum : bool
+        Whether the optimiser state carries a velocity (doubles MGRIT's states).
+    name : str
+    """
+
+    sizes: tuple
+    batch_size: int
+    steps: int
+    n_samples: int = 1024
+    itemsize: int = 8
+    momentum: bool = True
+    name: str = "net"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.sizes) - 1
+
+    @property
+    def n_params(self) -> int:
+        return sum((a + 1) * b for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True))
+
+    def data_bytes(self) -> int:
+        return self.n_samples * (self.sizes[0] + self.sizes[-1]) * self.itemsize
+
+
+def step_flops(sizes, batch_size: int) -> float:
+    """GEMM flops of one serial training step: forward, weight gradient and input gradient per layer."""
+    return sum(6.0 * batch_size * a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+
+
+def serial_step_seconds(sizes, batch_size: int, cluster: ClusterSpec) -> float:
+    """Seconds of one :class:`SerialTrainer` step on one worker."""
+    n_layers = len(sizes) - 1
+    return (
+        step_flops(sizes, batch_size) / cluster.flop_rate
+        + 3 * n_layers * cluster.gemm_overhead
+        + n_layers * cluster.layer_overhead
+    )
+
+
+@dataclass
+class Prediction:
+    """One row of the plan: a method on ``workers`` workers at its best configuration."""
+
+    method: str
+    net: str
+    workers: int
+    seconds: float
+    seconds_per_step: float
+    speedup: float
+    config: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "method": self.method,
+            "net": self.net,
+            "workers": self.workers,
+            "seconds": self.seconds,
+            "seconds_per_step": self.seconds_per_step,
+            "speedup": self.speedup,
+            "config": dict(self.config),
+        }
+
+
+def _row(method: str, net: Network, p: int, seconds: float, serial_step: float, config: dict) -> Prediction:
+    return Prediction(method, net.name, p, seconds, seconds / net.steps, net.steps * serial_step / seconds, config)
+
+
+# -- NPT ------------------------------------------------------------------------------------
+def npt_cost_model(cluster: ClusterSpec, n_workers: int) -> CostModel:
+    """The NPT grid cost model with the cluster's numbers (every worker at ``flop_rate``)."""
+    top = max(n_workers, 2)
+    return CostModel(
+        flop_rate={1: cluster.flop_rate, top: cluster.flop_rate},
+        gemm_overhead=cluster.gemm_overhead,
+        task_cost=cluster.task_overhead,
+        task_latency=cluster.task_overhead + cluster.latency,
+        latency=cluster.latency,
+        bandwidth=cluster.bandwidth,
+        n_workers=n_workers,
+    )
+
+
+def predict_npt(net: Network, cluster: ClusterSpec, p: int) -> Prediction:
+    """The fastest grid and mode on ``p`` workers (grids of at most ``p`` cells)."""
+    model = npt_cost_model(cluster, p)
+    serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
+    best = None
+    for shape in candidate_grids(p):
+        for mode in ("graph", "resident"):
+            t = model.predict(net.sizes, net.batch_size, shape, mode=mode, itemsize=net.itemsize, n_workers=p)
+            if best is None or t < best[0]:
+                best = (t, shape, mode)
+    t, (rows, cols), mode = best
+    per_step = t + net.n_layers * cluster.layer_overhead
+    return _row("npt", net, p, per_step * net.steps, serial, {"grid": f"{rows}x{cols}", "mode": mode})
+
+
+# -- MGRIT ----------------------------------------------------------------------------------
+class _Timed:
+    """A work-model task with its cost in seconds."""
+
+    __slots__ = ("key", "cost", "deps")
+
+    def __init__(self, key, cost, deps):
+        self.key, self.cost, self.deps = key, cost, deps
+
+
+def mgrit_configs(steps: int, preset: str = "solver2") -> list[dict]:
+    """Levels and coarsening factors worth comparing for ``steps`` steps (coarsest level at least 2 steps)."""
+    out = []
+    for cfactor in (2, 4, 8):
+        deepest = 1
+        while steps // cfactor**deepest >= 2 and deepest < 16:
+            deepest += 1
+        if deepest < 2:
+            continue
+        # two and three levels, and the deepest hierarchy (the paper's): the cheapest and the most parallel
+        for levels in sorted({min(2, deepest), min(3, deepest), deepest}):
+            out.append({"preset": preset, "levels": levels, "cfactor": cfactor})
+    return out
+
+
+def mgrit_iteration_seconds(net: Network, cluster: ClusterSpec, p: int, config: dict) -> tuple[float, float]:
+    """Seconds of MGRIT's first and of every later iteration on ``p`` workers."""
+    options = resolve_preset(config["preset"], levels=config["levels"], cfactor=config["cfactor"])
+    hierarchy = check_hierarchy(net.steps, config["levels"], config["cfactor"])
+    n = hierarchy.n_levels - 1
+    if cluster.task_overhead == 0:
+        # an MPI-like runtime: each worker relaxes one contiguous block of intervals per sweep
+        blocks = tuple(max(1, -(-hierarchy.n_intervals(lvl) // p)) for lvl in range(n))
+    else:
+        blocks = block_sizes(hierarchy, "auto")  # what MGRITTrainer submits
+    coarse = float(options["substeps"] * options["coarse_batches"])
+    planner = Planner(
+        hierarchy,
+        {
+            "cf_iter": (options["cf_iter"],) * n,
+            "weight_c": (1.0,) * n,
+            "cycle_type": options["cycle_type"],
+            "store_fine": False,
+            "blocks": blocks,
+        },
+        lambda level: 1.0 if level == 0 else coarse,
+        "plan",
+    )
+    step = serial_step_seconds(net.sizes, net.batch_size, cluster)
+    state_bytes = net.n_params * net.itemsize * (2 if net.momentum else 1)
+    out = []
+    for k in (1, 2):
+        tasks = planner.iteration(k)
+        timed = [
+            _Timed(
+                t.key,
+                t.cost * step
+                + cluster.task_overhead
+                + (cluster.latency if t.deps else 0.0)  # its inputs arrive as a message
+                + (len(t.deps) + 1) * state_bytes / cluster.bandwidth
+                + (len(t.deps) + 2) * cluster.store_overhead,  # its states read from and written to the store
+                t.deps,
+            )
+            for t in tasks
+        ]
+        # the residual norm is gathered to the client and the iteration committed to the store
+        reduce = cluster.latency * math.ceil(math.log2(p + 1)) + 2 * cluster.task_overhead
+        out.append(workmodel.makespan(timed, p) + reduce)
+    return out[0], out[1]
+
+
+def predict_mgrit(net: Network, cluster: ClusterSpec, p: int, configs: list[dict]) -> Prediction | None:
+    """The fastest of ``configs`` (each with its ``iterations``) on ``p`` workers."""
+    serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
+    best = None
+    for config in configs:
+        iterations = config.get("iterations")
+        if iterations is None:
+            continue
+        first, later = mgrit_iteration_seconds(net, cluster, p, config)
+        seconds = first + (iterations - 1) * later
+        if best is None or seconds < best[0]:
+            best = (seconds, config)
+    if best is None:
+        return None
+    return _row("mgrit", net, p, best[0], serial, dict(best[1]))
+
+
+def grown_iterations(pilot_iterations: int, pilot_steps: int, steps: int) -> int:
+    """Iterations at ``steps`` from a pilot solve of ``pilot_steps`` (a slow growth per doubling)."""
+    doublings = max(0.0, math.log2(steps / pilot_steps))
+    return int(math.ceil(pilot_iterations + ITERATION_GROWTH_PER_DOUBLING * doublings))
+
+
+def paper_potential_speedup(n_steps: int, iterations: int, *, cfactor: int = 2, max_coarse: int = 10) -> dict:
+    """Schroder's potential speedup of a V-cycle (eqs. 16-17): ``N / (niter * (17 + 8 * (L - 2)))``."""
+    levels, points = 1, n_steps
+    while points > max_coarse or levels < 2:
+        points //= cfactor
+        levels += 1
+    sigma = iterations * (17 + 8 * (levels - 2))
+    return {"levels": levels, "sigma_V": sigma, "speedup": n_steps / sigma}
+
+
+# -- partition ------------------------------------------------------------------------------
+def partition_ks(net: Network, p: int) -> list[int]:
+    """Sub-model counts worth trying on ``p`` workers: powers of two and ``p`` itself, up to the narrowest layer."""
+    narrowest = min(net.sizes[1:-1]) if net.n_layers > 1 else 0
+    ks = {2**e for e in range(1, 12)} | {p}
+    return sorted(k for k in ks if 2 <= k <= narrowest)
+
+
+def partition_seconds(net: Network, cluster: ClusterSpec, p: int, k: int, finetune_fraction: float) -> float:
+    """Seconds of partitioned training with ``k`` sub-models on ``p`` workers."""
+    hidden = tuple(-(-h // k) for h in net.sizes[1:-1])
+    sub_sizes = (net.sizes[0], *hidden, net.sizes[-1])
+    finetune = max(1, round(finetune_fraction * net.steps))
+    sub_steps = max(net.steps - finetune, 1)
+    sub_params = sum((a + 1) * b for a, b in zip(sub_sizes[:-1], sub_sizes[1:], strict=True))
+    # each sub-model is one task: the data goes out, the trained sub-model comes back
+    task = (
+        sub_steps * serial_step_seconds(sub_sizes, net.batch_size, cluster)
+        + cluster.task_overhead
+        + 2 * cluster.latency
+        + (net.data_bytes() + sub_params * net.itemsize) / cluster.bandwidth
+    )
+    waves = math.ceil(k / p)
+    merge = net.n_params * net.itemsize / cluster.bandwidth + net.n_layers * cluster.layer_overhead
+    return waves * task + merge + finetune * serial_step_seconds(net.sizes, net.batch_size, cluster)
+
+
+def predict_partition(
+    net: Network, cluster: ClusterSpec, p: int, *, finetune_fraction: float = FINETUNE_FRACTION
+) -> Prediction | None:
+    """The best ``k`` on ``p`` workers (None for a net without a hidden layer to split)."""
+    ks = partition_ks(net, p)
+    if not ks:
+        return None
+    serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
+    seconds, k = min((partition_seconds(net, cluster, p, k, finetune_fraction), k) for k in ks)
+    finetune = max(1, round(finetune_fraction * net.steps))
+    config = {"k": k, "sub_steps": max(net.steps - finetune, 1), "finetune_steps": finetune}
+    return _row("partition", net, p, seconds, serial, config)
+
+
+# -- all methods ------------------------------------------------------------------------------
+def plan(
+    net: Network,
+    cluster: ClusterSpec,
+    *,
+    methods=METHODS,
+    mgrit_configs_: list[dict] | None = None,
+    finetune_fraction: float = FINETUNE_FRACTION,
+) -> dict:
+    """Every method's prediction on every worker count of ``cluster``, and the fastest of all.
+
+    Returns
+    -------
+    dict
+        ``{"predictions": [Prediction.to_dict(), ...], "best": {...}}``.
+    """
+    rows = []
+    for method in methods:
+        for p in cluster.workers:
+            if method == "npt":
+                row = predict_npt(net, cluster, p)
+            elif method == "mgrit":
+                row = predict_mgrit(net, cluster, p, mgrit_configs_ or [])
+            else:
+                row = predict_partition(net, cluster, p, finetune_fraction=finetune_fraction)
+            if row is not None:
+                rows.append(row.to_dict())
+    best = min(rows, key=lambda r: r["seconds"]) if rows else {}
+    return {"predictions": rows, "best": best}

@@ -1,0 +1,260 @@
+"""``daskann plan``: which method pays for a network, and on how many workers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from daskann._cli_common import _int_list, cli_errors, cluster_options, connect
+from daskann.npt.trainer import MODES
+from daskann.plan._model import FINETUNE_FRACTION, METHODS
+
+NETS = ("one-hidden", "two-hidden", "two-hidden-256")
+
+
+@click.command("plan")
+@click.option(
+    "--method",
+    type=click.Choice([*METHODS, "all"]),
+    default=None,
+    help="Predict this method (or all three) on every worker count; without it, the NPT grid table of the live "
+    "cluster.",
+)
+@click.option("--net", type=click.Choice(NETS), default=None, help="A paper net (as in 'daskann bench npt').")
+@click.option(
+    "--hidden", default="64", show_default=True, callback=_int_list, help="Hidden layer widths, comma-separated."
+)
+@click.option("--n-features", type=int, default=64, show_default=True, help="Input width.")
+@click.option("--n-outputs", type=int, default=10, show_default=True, help="Output width.")
+@click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per training step.")
+@click.option(
+    "--dtype",
+    type=click.Choice(["float64", "float32"]),
+    default="float64",
+    show_default=True,
+    help="Floating-point type (sets the bytes each message moves).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(MODES),
+    default="auto",
+    show_default=True,
+    help="NPT grid table only: the mode each grid is ranked by.",
+)
+@click.option("--dataset", default=None, help="Data set whose size and widths to plan for (see 'daskann train').")
+@click.option("--n-samples", type=int, default=1024, show_default=True, help="Training rows (without --dataset).")
+@click.option("--steps", type=int, default=None, help="Training steps (default 200).")
+@click.option("--epochs", type=int, default=None, help="Training epochs (instead of --steps).")
+@click.option("--lr", type=float, default=0.01, show_default=True, help="Learning rate of the pilot and validation.")
+@click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum.")
+@click.option(
+    "--cluster",
+    "cluster_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="YAML description of a cluster: workers, flop_rate, latency, bandwidth, task_overhead.",
+)
+@click.option("--measure", is_flag=True, help="Measure the live cluster and write its description to --output.")
+@click.option("--output", "-o", type=click.Path(path_type=Path), default=None, help="File --measure writes (YAML).")
+@click.option("--validate", is_flag=True, help="Run each method briefly on the live cluster: predicted vs measured.")
+@click.option("--iterations", type=int, default=None, help="MGRIT iterations (default: from a pilot solve).")
+@click.option(
+    "--finetune-fraction",
+    type=float,
+    default=FINETUNE_FRACTION,
+    show_default=True,
+    help="Partition: share of the steps spent fine-tuning the merged net.",
+)
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="PNG of predicted speedup vs workers.")
+@click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
+@cluster_options
+@cli_errors
+@click.pass_context
+def plan_command(ctx, **opts):
+    """Predict training time and speedup of NPT, MGRIT and partitioning per worker count.
+
+    Clusters come measured (the live one), described (--cluster FILE.yaml) or
+    from a profile's typical values (--profile slurm).
+    """
+    settings = _check(opts)
+    if opts["method"] is None and not (opts["measure"] or opts["validate"] or opts["cluster_file"]):
+        return _npt_table(ctx, opts)
+    methods = METHODS if opts["method"] in (None, "all") else (opts["method"],)
+    if opts["measure"]:
+        _measure(opts)
+        if opts["method"] is None:
+            return None
+    net, hidden, X, y, train = _problem(opts, settings)
+    if opts["validate"]:
+        return _validate(opts, net, hidden, X, y, train, methods)
+    cluster = _cluster(opts)
+    from daskann.plan._model import plan
+
+    configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
+    result = plan(net, cluster, methods=methods, mgrit_configs_=configs, finetune_fraction=settings["finetune"])
+    if opts["plot"] is not None and result["predictions"]:
+        from daskann.plan._report import plot_speedup
+
+        plot_speedup(result, opts["plot"])
+    if opts["as_json"]:
+        click.echo(json.dumps(_clean(result), indent=2))
+        return None
+    from daskann.plan._report import format_plan
+
+    click.echo(
+        f"net {net.name} ({'-'.join(map(str, net.sizes))}), batch {net.batch_size}, {net.steps} steps, "
+        f"{net.n_samples} rows; cluster {cluster.name}: {cluster.flop_rate / 1e9:.3g} GFLOP/s per worker, "
+        f"latency {cluster.latency:.3g} s, {cluster.bandwidth / 1e9:.3g} GB/s, {cluster.task_overhead:.3g} s per task"
+    )
+    click.echo(format_plan(result))
+    return None
+
+
+def _check(opts: dict) -> dict:
+    """Every flag checked before anything runs."""
+    from daskann._validation import check_float, check_int, invalid
+
+    if opts["iterations"] is not None:
+        check_int("iterations", opts["iterations"])
+    if opts["workers"] is not None:
+        check_int("workers", opts["workers"])
+    for name in ("batch_size", "n_samples", "n_features", "n_outputs"):
+        check_int(name, opts[name])
+    if opts["steps"] is not None:
+        check_int("steps", opts["steps"])
+    if opts["epochs"] is not None:
+        check_int("epochs", opts["epochs"])
+        if opts["steps"] is not None:
+            raise invalid("steps/epochs", (opts["steps"], opts["epochs"]), "at most one of the two")
+    finetune = check_float("finetune_fraction", opts["finetune_fraction"], minimum=0.0, maximum=1.0)
+    if opts["measure"] and opts["output"] is None:
+        raise invalid("output", None, "a file for --measure to write, e.g. -o mycluster.yaml")
+    if opts["dataset"] is not None:
+        from daskann.data import DATASETS
+
+        if opts["dataset"] not in DATASETS:
+            raise invalid("dataset", opts["dataset"], "one of " + ", ".join(DATASETS))
+    if opts["cluster_file"] is not None:
+        from daskann.plan._cluster import load_cluster
+
+        load_cluster(opts["cluster_file"])  # a bad file fails here, before any run
+    return {"finetune": finetune}
+
+
+def _npt_table(ctx, opts: dict):
+    """The NPT grid table of the live cluster (the command before it covered every method)."""
+    from daskann.npt.cli import plan_command as npt_plan
+
+    keep = ("hidden", "n_features", "n_outputs", "batch_size", "dtype", "mode", "as_json", "address", "profile")
+    return ctx.invoke(npt_plan, **{k: opts[k] for k in keep}, workers=opts["workers"])
+
+
+def _problem(opts: dict, settings: dict):
+    """The network, its data (arrays, made or loaded) and the trainer settings of the pilot and validation."""
+    import numpy as np
+
+    from daskann.npt.bench import PAPER_NETS
+    from daskann.plan._model import Network
+
+    hidden, n_features, n_outputs, name = tuple(opts["hidden"]), opts["n_features"], opts["n_outputs"], None
+    if opts["net"] is not None:
+        spec = PAPER_NETS[opts["net"]]
+        hidden, n_features, n_outputs, name = tuple(spec["hidden"]), spec["n_features"], spec["n_outputs"], opts["net"]
+    loss = "mse"
+    if opts["dataset"] is not None:
+        from daskann._cli_common import load_data
+
+        data = load_data({**opts, "n_features": None, "n_outputs": None, "seed": 0, "noise": 0.1})
+        X, y, loss = data.X_train, data.y_train, data.loss
+        n_features, n_outputs = data.n_features, data.n_outputs
+        name = name or opts["dataset"]
+    else:
+        from daskann.data import make_linear
+
+        X, y = make_linear(opts["n_samples"], n_features, n_outputs, seed=0)
+    batch = opts["batch_size"]
+    if opts["epochs"] is not None:
+        steps = opts["epochs"] * -(-len(X) // batch)
+    else:
+        steps = opts["steps"] if opts["steps"] is not None else 200
+    net = Network(
+        sizes=(n_features, *hidden, n_outputs),
+        batch_size=batch,
+        steps=steps,
+        n_samples=len(X),
+        itemsize=np.dtype(opts["dtype"]).itemsize,
+        momentum=bool(opts["momentum"]),
+        name=name or "-".join(map(str, hidden)),
+    )
+    train = {"lr": opts["lr"], "momentum": opts["momentum"], "batch_size": batch, "loss": loss, "dtype": opts["dtype"]}
+    return net, hidden, X, y, train
+
+
+def _cluster(opts: dict):
+    from daskann.plan._cluster import load_cluster, measure_cluster, profile_cluster
+
+    if opts["cluster_file"] is not None:
+        return load_cluster(opts["cluster_file"])
+    if opts["profile"] is not None and opts["address"] is None:
+        return profile_cluster(opts["profile"])
+    from daskann.cluster import close
+
+    client = connect(opts, quiet=True)
+    try:
+        return measure_cluster(client)
+    finally:
+        close(client)
+
+
+def _measure(opts: dict) -> None:
+    from daskann.cluster import close
+    from daskann.plan._cluster import measure_cluster, write_cluster
+
+    client = connect(opts, quiet=True)
+    try:
+        cluster = measure_cluster(client)
+    finally:
+        close(client)
+    path = write_cluster(cluster, opts["output"])
+    if not opts["as_json"]:
+        click.echo(f"wrote {path}: " + ", ".join(f"{k}={v}" for k, v in cluster.to_dict().items()))
+
+
+def _mgrit_configs(opts: dict, net, hidden, X, y, train) -> list[dict]:
+    from daskann.plan._model import mgrit_configs
+    from daskann.plan._runs import pilot_configs
+
+    if opts["iterations"] is not None:
+        return [{**c, "iterations": opts["iterations"]} for c in mgrit_configs(net.steps)]
+    return pilot_configs(hidden, X, y, train, net.steps)
+
+
+def _validate(opts: dict, net, hidden, X, y, train, methods) -> None:
+    import os
+
+    from daskann.cluster import close
+    from daskann.plan._cluster import measure_cluster
+    from daskann.plan._report import format_validation
+    from daskann.plan._runs import validate
+
+    client = connect(opts, quiet=True)
+    try:
+        cluster = measure_cluster(client)
+        configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
+        rows = validate(client, net, hidden, X, y, train, cluster, configs, methods=methods)
+    finally:
+        close(client)
+    if opts["as_json"]:
+        keys = ("method", "workers", "predicted_s", "measured_s")
+        click.echo(json.dumps(_clean({"validation": [{k: r[k] for k in keys} for r in rows]}), indent=2))
+        return
+    click.echo(f"load average {os.getloadavg()[0]:.2f}; cluster measured: {cluster.to_dict()}")
+    click.echo(format_validation(rows))
+
+
+def _clean(value):
+    from daskann.npt.bench import clean_json
+
+    return clean_json(value)

@@ -1,0 +1,221 @@
+"""Dask-array data: every trainer reads it on the workers and trains as from numpy, bit for bit.
+
+The client never computes ``X``: the checks run on the workers as one
+reduction, each worker cuts what it reads from the persisted chunks, and no
+result the size of ``X`` reaches the client (its gathers and its traced memory
+are recorded).
+"""
+
+from __future__ import annotations
+
+import re
+import tracemalloc
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+from conftest import scheduler_watch
+from dask.sizeof import sizeof
+from distributed import Client
+
+from daskann.cli import main
+from daskann.data import make_linear
+from daskann.exceptions import MGRITDidNotPay
+from daskann.mgrit import MGRITTrainer
+from daskann.npt import NPTTrainer
+from daskann.partition import PartitionTrainer
+
+#: key names of the checks and of reading the data (no training task has one of these)
+CHECK_KEYS = re.compile(r"^\(?'?(from-zarr|original-array|array-|astype-|_chunk_summary-|_combine-|getitem-)")
+
+
+def _zarr(tmp_path, name: str, **arrays) -> str:
+    path = tmp_path / f"{name}.zarr"
+    group = zarr.open_group(str(path), mode="w")
+    for key, (value, chunks) in arrays.items():
+        group.create_array(key, data=value, chunks=chunks)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def problem():
+    X, y = make_linear(96, 12, 4, seed=3)
+    labels = np.random.default_rng(3).integers(0, 5, 96)
+    return X, y, labels
+
+
+def _from_zarr(tmp_path, X, y):
+    # uneven chunks that cut across the grid's bands and the minibatches
+    path = _zarr(
+        tmp_path,
+        "data",
+        X=(X, (25, 5)),
+        y=(y, (17,) + y.shape[1:]),
+        X_val=(X[:30], (11, 12)),
+        y_val=(y[:30], (7,) + y.shape[1:]),
+    )
+    group = zarr.open_group(path, mode="r")
+    return tuple(da.from_zarr(group[name]) for name in ("X", "y", "X_val", "y_val"))
+
+
+def _trainers(client2, client4):
+    yield "npt-graph-2x2", NPTTrainer, {"grid": (2, 2), "mode": "graph", "client": client4}
+    yield "npt-resident-2x2", NPTTrainer, {"grid": (2, 2), "mode": "resident", "client": client4}
+    yield "mgrit", MGRITTrainer, {"levels": 2, "cfactor": 4, "client": client2}
+    yield "mgrit-auto-cap", MGRITTrainer, {"levels": 2, "cfactor": 4, "alpha_cap": "auto", "client": client2}
+    yield "partition", PartitionTrainer, {"k": 2, "sub_steps": 4, "client": client2}
+    yield "partition-npt", PartitionTrainer, {"k": 2, "sub_steps": 4, "sub_trainer": "npt", "client": client2}
+
+
+TRAINERS = ["npt-graph-2x2", "npt-resident-2x2", "mgrit", "mgrit-auto-cap", "partition", "partition-npt"]
+
+
+@pytest.mark.filterwarnings("ignore::daskann.exceptions.MGRITDidNotPay")  # short MGRIT runs do not pay
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+@pytest.mark.parametrize("name", TRAINERS)
+def test_dask_input_equals_numpy_input(name, loss, problem, client2, client4, tmp_path):
+    X, y, labels = problem
+    target = y if loss == "mse" else labels
+    _, cls, options = next(t for t in _trainers(client2, client4) if t[0] == name)
+    settings = {
+        "hidden_sizes": (8,),
+        "batch_size": 16,
+        "momentum": 0.5,
+        "loss": loss,
+        "output": "linear" if loss == "mse" else "softmax",
+        "dtype": "float64",
+        **options,
+    }
+    if name == "partition-npt":
+        settings.update(npt_options={"grid": (1, 2)}, mode="sequential")
+    expected = cls(**settings).fit(X, target, steps=8, validation_data=(X[:30], target[:30]))
+    dX, dy, dXv, dyv = _from_zarr(tmp_path, X, target)
+    got = cls(**settings).fit(dX, dy, steps=8, validation_data=(dXv, dyv))
+    for a, b in zip(expected.model_.params, got.model_.params, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(expected.history_["val_loss"].values, got.history_["val_loss"].values)
+
+
+class _GatherSpy:
+    """Bytes of every result the client gathers (``Future.result`` and ``Client.gather`` both come here)."""
+
+    def __init__(self, monkeypatch):
+        self.sizes: list[int] = []
+        original = Client._gather
+
+        async def spy(client, futures, *args, **kwargs):
+            out = await original(client, futures, *args, **kwargs)
+            self.sizes.append(sizeof(out))
+            return out
+
+        monkeypatch.setattr(Client, "_gather", spy)
+
+
+def test_no_full_x_reaches_the_client(client4, tmp_path, monkeypatch):
+    # 64 MiB of X: 8 times the cap on the client's traced memory, which also holds this in-process
+    # cluster's scheduler (a few MiB of graphs and messages, whatever the size of X)
+    n, d = 131072, 64
+    X, y = make_linear(n, d, 2, seed=0)
+    path = _zarr(tmp_path, "big", X=(X, (8192, d)), y=(y, (8192, 2)))
+    nbytes = X.nbytes
+    del X, y
+    group = zarr.open_group(path, mode="r")
+    dX, dy = da.from_zarr(group["X"]), da.from_zarr(group["y"])
+    trainer = NPTTrainer((16,), grid=(2, 2), mode="graph", batch_size=64, client=client4)
+    spy = _GatherSpy(monkeypatch)
+    tracemalloc.start()
+    try:
+        with scheduler_watch(client4) as watch:
+            trainer.fit(dX, dy, steps=4)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    cap = nbytes // 8
+    assert peak < cap, f"the client's traced memory peaked at {peak} bytes, X is {nbytes}"
+    assert max(spy.sizes) < nbytes // 64, f"the client gathered {max(spy.sizes)} bytes at once, X is {nbytes}"
+    # the scheduler saw X read chunk by chunk and cut into bands; nothing computed it whole for a client
+    assert not [k for k in watch.keys if k.startswith(("finalize-", "('finalize-"))]
+    reads = [k for k in watch.keys if "from-zarr" in k]
+    assert len(reads) >= 8  # X's and y's chunks, each a task of its own
+    assert [k for k in watch.keys if "-data-X-" in k], "the bands of X were cut by tasks on their workers"
+
+
+# -- bad input -----------------------------------------------------------------------------
+def _bad_cases(X, y):
+    nan_X = X.copy()
+    nan_X[37, 3] = np.nan
+    fractional = np.linspace(0, 3, X.shape[0])
+    dX = da.from_array(X, chunks=(20, 5))
+    unknown = dX[da.from_array(X[:, 0]) > -np.inf]
+    return {
+        "unknown-chunks": (unknown, y, None, ValueError, r"^X=.*unknown chunk sizes"),
+        "rows-mismatch": (dX, da.from_array(y[:-1]), None, ValueError, r"^y=.*96 rows, as X"),
+        "non-finite": (
+            da.from_array(nan_X, chunks=(20, 5)),
+            da.from_array(y),
+            None,
+            ValueError,
+            r"^X=.*1 NaN or Inf values \(first at \(37, 3\), in chunk \(1, 0\)\)",
+        ),
+        "integer-X": (dX.astype(np.int64), y, None, TypeError, r"^X=.*float32 or float64"),
+        "fractional-labels": (dX, da.from_array(fractional), None, ValueError, r"^y=.*non-integer"),
+        "val-label-range": (
+            dX,
+            da.from_array(np.zeros(X.shape[0], np.int64)),
+            (dX[:10], da.from_array(np.full(10, 7))),
+            ValueError,
+            r"^validation_data\[1\]='labels up to 7'",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case", ["unknown-chunks", "rows-mismatch", "non-finite", "integer-X", "fractional-labels", "val-label-range"]
+)
+@pytest.mark.parametrize("cls", [NPTTrainer, MGRITTrainer, PartitionTrainer])
+def test_bad_dask_input_fails_before_training(cls, case, problem, client2):
+    X, y, _ = problem
+    bad_X, bad_y, validation, error, pattern = _bad_cases(X, y)[case]
+    loss = "cross_entropy" if case in ("fractional-labels", "val-label-range") else "mse"
+    options = {"grid": (1, 2)} if cls is NPTTrainer else {"k": 2} if cls is PartitionTrainer else {}
+    trainer = cls((8,), batch_size=16, loss=loss, client=client2, **options)
+    with scheduler_watch(client2) as watch, pytest.raises(error, match=pattern):
+        trainer.fit(bad_X, bad_y, steps=2, validation_data=validation)
+    training = [k for k in watch.keys if not CHECK_KEYS.match(k)]
+    assert not training, f"keys other than the checks reached the scheduler: {training[:5]}"
+
+
+def test_cli_data_without_x_names_the_option(tmp_path, client2):
+    path = _zarr(tmp_path, "no-x", y=(np.zeros((8, 1)), (8, 1)))
+    address = client2.scheduler.address
+    for method in ("npt", "mgrit", "partition"):
+        result = CliRunner().invoke(main, ["train", method, "--data", path, "--address", address, "-q"])
+        assert result.exit_code != 0
+        assert "--data=" in result.output and "arrays X and y" in result.output, result.output
+        assert "Traceback" not in result.output
+
+
+def test_cli_trains_from_a_zarr_group(tmp_path, client2):
+    X, y = make_linear(64, 6, 2, seed=1)
+    path = _zarr(tmp_path, "cli", X=(X, (16, 6)), y=(y, (16, 2)), X_val=(X[:16], (8, 6)), y_val=(y[:16], (8, 2)))
+    address = client2.scheduler.address
+    args = ["--data", path, "--address", address, "--steps", "4", "--hidden", "8", "--batch-size", "16", "--json"]
+    result = CliRunner().invoke(main, ["train", "npt", "--grid", "1x2", *args])
+    assert result.exit_code == 0, result.output
+    assert '"dataset": "cli.zarr"' in result.output and '"val_loss"' in result.output
+
+
+def test_mgrit_serial_fallback_reads_dask_data_on_a_worker(client2):
+    # a diverging preset ends in the serial finish, which steps through the data on a worker
+    X, y = make_linear(256, 8, 2, seed=0)
+    settings = dict(activation="leaky_relu", loss="mse", batch_size=16, lr=0.01, momentum=0.9, seed=0)
+    settings.update(preset="solver1", client=client2)
+    with pytest.warns(MGRITDidNotPay):
+        expected = MGRITTrainer((16, 16), **settings).fit(X, y, steps=256)
+    with pytest.warns(MGRITDidNotPay):
+        got = MGRITTrainer((16, 16), **settings).fit(da.from_array(X, chunks=(40, 8)), da.from_array(y), steps=256)
+    assert got.result_.ended == expected.result_.ended == "serial-fallback"
+    for a, b in zip(expected.model_.params, got.model_.params, strict=True):
+        np.testing.assert_array_equal(a, b)

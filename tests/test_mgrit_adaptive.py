@@ -1,0 +1,157 @@
+"""MGRITTrainer adapts where a solve fails and always ends at serial training's weights."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from daskann import SerialTrainer, TrainingDiverged
+from daskann.data import load_dataset, make_linear
+from daskann.exceptions import MGRITDidNotPay, MGRITDiverged
+from daskann.mgrit import Adaptation, MGRITTrainer
+
+ENDINGS = {"converged", "adapted", "serial-fallback"}
+
+
+def _rel(trainer, serial) -> float:
+    a = np.concatenate([p.ravel() for p in trainer.model_.params])
+    b = np.concatenate([p.ravel() for p in serial.model_.params])
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def _fit(trainer, X, y, steps):
+    """Fit, returning the MGRITDidNotPay warnings it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MGRITDidNotPay)
+        trainer.fit(X, y, steps=steps)
+    return [w for w in caught if issubclass(w.category, MGRITDidNotPay)]
+
+
+@pytest.fixture(scope="module")
+def mlp_case():
+    """8-16-16-2 leaky-ReLU MLP, MSE, batch 16, lr 0.01, momentum 0.9, 256 steps (issue 11)."""
+    X, y = make_linear(256, 8, 2, seed=0)
+    settings = dict(activation="leaky_relu", loss="mse", batch_size=16, lr=0.01, momentum=0.9, seed=0)
+    serial = SerialTrainer((16, 16), **settings).fit(X, y, steps=256)
+    return X, y, settings, serial
+
+
+def test_diverging_preset_falls_back_to_serial_weights(mlp_case):
+    X, y, settings, serial = mlp_case
+    trainer = MGRITTrainer((16, 16), preset="solver1", scheduler="inprocess", **settings)
+    caught = _fit(trainer, X, y, 256)
+    assert _rel(trainer, serial) < 1e-9
+    result = trainer.result_
+    assert result.ended == "serial-fallback" and not result.converged
+    assert len(caught) == 1 and "serial-fallback" in str(caught[0].message)
+    # every attempt is recorded with its cost; the ladder ends in the serial finish
+    attempts = result.adaptations
+    assert all(isinstance(a, Adaptation) for a in attempts)
+    assert [a.attempt for a in attempts] == list(range(len(attempts)))
+    assert attempts[0].change == "" and attempts[0].outcome == "diverged" and attempts[-1].outcome == "serial"
+    assert all(a.work > 0 and a.seconds >= 0 for a in attempts)
+    assert sum(a.iterations for a in attempts) == result.iterations == len(result.residuals)
+    assert result.iterations <= result.max_iter
+    assert 0 < attempts[-1].work <= 256 and attempts[-1].options["start"] % 4 == 0
+    # the history says the same
+    h = trainer.history_
+    assert h.attrs["mgrit_ended"] == "serial-fallback"
+    assert [a["outcome"] for a in json.loads(h.attrs["mgrit_adaptations"])] == [a.outcome for a in attempts]
+    assert set(np.unique(h["attempt"].values)) <= set(range(len(attempts)))
+    assert result.to_dict()["ended"] == "serial-fallback"
+
+
+def test_default_preset_returns_serial_weights(mlp_case):
+    X, y, settings, serial = mlp_case
+    trainer = MGRITTrainer((16, 16), scheduler="inprocess", **settings)
+    _fit(trainer, X, y, 256)
+    assert trainer.result_.ended in ENDINGS
+    assert _rel(trainer, serial) < 1e-9
+
+
+def test_strict_mode_keeps_raising(mlp_case):
+    X, y, settings, _ = mlp_case
+    trainer = MGRITTrainer((16, 16), preset="solver1", scheduler="inprocess", require_convergence=True, **settings)
+    with pytest.raises(MGRITDiverged):
+        trainer.fit(X, y, steps=256)
+    assert not hasattr(trainer, "model_")
+
+
+def test_stalled_solve_adapts_then_finishes_serially():
+    # digits, cross-entropy, lr 0.05, momentum 0.9: the residual stays flat (issue 11's CLI case, shortened)
+    d = load_dataset("digits")
+    settings = dict(loss="cross_entropy", batch_size=64, lr=0.05, momentum=0.9, seed=0)
+    serial = SerialTrainer((16,), **settings).fit(d.X_train, d.y_train, steps=256)
+    trainer = MGRITTrainer((16,), scheduler="inprocess", **settings)
+    caught = _fit(trainer, d.X_train, d.y_train, 256)
+    assert _rel(trainer, serial) < 1e-9
+    assert trainer.result_.ended in ENDINGS
+    outcomes = [a.outcome for a in trainer.result_.adaptations]
+    assert outcomes[0] in {"stalled", "diverged", "converged"}
+    if trainer.result_.ended == "serial-fallback":
+        assert caught
+
+
+@pytest.mark.slow
+def test_cli_case_of_the_issue_returns_serial_weights():
+    d = load_dataset("digits")
+    settings = dict(loss=d.loss, batch_size=64, lr=0.05, momentum=0.9, seed=0)
+    serial = SerialTrainer((64,), **settings).fit(d.X_train, d.y_train, steps=512)
+    trainer = MGRITTrainer((64,), scheduler="inprocess", **settings)
+    _fit(trainer, d.X_train, d.y_train, 512)
+    assert _rel(trainer, serial) < 1e-9 and trainer.result_.ended in ENDINGS
+
+
+def _nan_coarse(state, start, stop, level):
+    return tuple(np.full_like(a, np.nan) for a in state)
+
+
+def test_coarse_propagator_returning_nan_is_handled():
+    X, y = make_linear(128, 4, 1, seed=1)
+    settings = dict(batch_size=16, lr=0.01, momentum=0.5, seed=1)
+    serial = SerialTrainer((8,), **settings).fit(X, y, steps=64)
+    trainer = MGRITTrainer((8,), levels=3, cfactor=4, coarse=_nan_coarse, scheduler="inprocess", **settings)
+    caught = _fit(trainer, X, y, 64)
+    assert _rel(trainer, serial) < 1e-9
+    assert trainer.result_.ended == "serial-fallback" and caught
+    changes = [a.change for a in trainer.result_.adaptations]
+    assert changes[0] == "" and "levels=2" in changes and changes[-1] == "serial"
+
+
+def test_converged_run_records_one_attempt():
+    X, y = make_linear(128, 4, 1, seed=0)
+    settings = dict(batch_size=16, lr=1e-3, seed=0)
+    serial = SerialTrainer((8,), **settings).fit(X, y, steps=64)
+    trainer = MGRITTrainer((8,), levels=2, cfactor=4, scheduler="inprocess", **settings)
+    _fit(trainer, X, y, 64)
+    assert trainer.result_.ended == "converged" and trainer.result_.converged
+    assert [a.outcome for a in trainer.result_.adaptations] == ["converged"]
+    assert _rel(trainer, serial) < 1e-9
+
+
+def test_unstable_serial_training_still_raises():
+    X, y = make_linear(128, 4, 1, seed=0)
+    trainer = MGRITTrainer((8,), batch_size=16, lr=50.0, momentum=0.9, levels=2, cfactor=4, scheduler="inprocess")
+    with pytest.raises(TrainingDiverged):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MGRITDidNotPay)
+            trainer.fit(X, y, steps=64)
+    assert not hasattr(trainer, "model_")
+    with pytest.raises(TrainingDiverged):
+        SerialTrainer((8,), batch_size=16, lr=50.0, momentum=0.9).fit(X, y, steps=64)
+
+
+def test_grid_bench_rows_and_table():
+    from click.testing import CliRunner
+
+    from daskann.mgrit import grid
+    from daskann.mgrit.cli import bench_command
+
+    rows = grid.run_grid(steps=32, problems=("linear",), lrs=(1e-3,), momenta=(0.0,), log=None)
+    assert len(rows) == 1 and rows[0]["ended"] in ENDINGS and rows[0]["error"] < 1e-9
+    assert "| linear | solver2 | 0.001 | 0 |" in grid.markdown(rows)
+    out = CliRunner().invoke(bench_command, ["--help"])
+    assert out.exit_code == 0 and "--grid" in out.output

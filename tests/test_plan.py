@@ -1,0 +1,205 @@
+"""daskann plan: the models on described clusters, the command's output, bad input and validation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from daskann.plan import ClusterSpec, Network, cluster_from_dict, load_cluster, plan, write_cluster
+from daskann.plan._model import (
+    partition_seconds,
+    predict_mgrit,
+    predict_npt,
+    predict_partition,
+    serial_step_seconds,
+)
+from daskann.plan.cli import plan_command
+
+# numbers chosen so that hand arithmetic is exact
+SYNTHETIC = ClusterSpec(workers=(1, 2, 4), flop_rate=1e9, latency=1e-3, bandwidth=1e8, task_overhead=1e-2)
+NET = Network(sizes=(10, 20, 20, 5), batch_size=10, steps=100, n_samples=100, name="small")
+
+
+def _write(tmp_path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_serial_step_is_flops_over_rate():
+    # 6 * batch * (10*20 + 20*20 + 20*5) = 6 * 10 * 700 = 42,000 flops at 1 GFLOP/s
+    assert serial_step_seconds(NET.sizes, NET.batch_size, SYNTHETIC) == pytest.approx(42e-6)
+    with_overheads = ClusterSpec(**{**SYNTHETIC.__dict__, "gemm_overhead": 1e-6, "layer_overhead": 1e-5})
+    assert serial_step_seconds(NET.sizes, 10, with_overheads) == pytest.approx(42e-6 + 9e-6 + 3e-5)
+
+
+def test_partition_exact_on_synthetic_cluster():
+    # k=2: sub-net 10-10-10-5, 6*10*(100+100+50) = 15,000 flops = 15 us per step, 75 sub-steps
+    # task: 75 sub-steps + overhead + 2 messages + (data: 100 rows * 15 numbers, sub-model: 275 params) * 8 bytes
+    # merge: the full net's 745 params * 8 bytes; fine-tune: 25 steps of 42 us
+    task = 75 * 15e-6 + 0.01 + 0.002 + (100 * 15 * 8 + 275 * 8) / 1e8
+    expected_two_workers = task + 745 * 8 / 1e8 + 25 * 42e-6
+    assert partition_seconds(NET, SYNTHETIC, 2, 2, 0.25) == pytest.approx(expected_two_workers, rel=1e-12)
+    # one worker: the two sub-models run one after the other
+    assert partition_seconds(NET, SYNTHETIC, 1, 2, 0.25) == pytest.approx(expected_two_workers + task, rel=1e-12)
+    row = predict_partition(NET, SYNTHETIC, 2)
+    assert row.speedup == pytest.approx(100 * 42e-6 / row.seconds)
+
+
+def test_npt_single_worker_exact_and_mgrit_serial_bound():
+    # one worker: the 1x1 grid; resident mode costs the step's products, without the first layer's input gradient
+    row = predict_npt(NET, SYNTHETIC, 1)
+    products = 2 * 10 * (2 * 10 * 20 + 3 * 20 * 20 + 3 * 20 * 5)  # 2 products on the first layer, 3 on the others
+    assert row.config == {"grid": "1x1", "mode": "resident"}
+    assert row.seconds_per_step == pytest.approx(products / 1e9)
+    # MGRIT on one worker with no overheads does at least the serial work per iteration
+    free = ClusterSpec(workers=(1,), flop_rate=1e9, latency=1e-9, bandwidth=1e15, task_overhead=0.0)
+    mg = predict_mgrit(NET, free, 1, [{"preset": "solver2", "levels": 2, "cfactor": 4, "iterations": 3}])
+    assert mg.speedup < 1.0 / 2
+
+
+@pytest.mark.parametrize("method", ["npt", "mgrit", "partition"])
+def test_monotone_in_flop_rate_and_latency(method):
+    configs = [{"preset": "solver2", "levels": 2, "cfactor": 4, "iterations": 5}]
+    base = ClusterSpec(workers=(1, 2, 4, 8), flop_rate=1e9, latency=1e-4, bandwidth=1e9, task_overhead=1e-4)
+    faster = ClusterSpec(**{**base.__dict__, "flop_rate": 4e9})
+    slower = ClusterSpec(**{**base.__dict__, "latency": 1e-2})
+    net = Network(sizes=(64, 256, 256, 8), batch_size=64, steps=256)
+    for p in base.workers:
+        t = {}
+        for name, c in (("base", base), ("faster", faster), ("slower", slower)):
+            r = plan(net, ClusterSpec(**{**c.__dict__, "workers": (p,)}), methods=(method,), mgrit_configs_=configs)
+            t[name] = r["predictions"][0]["seconds"]
+        assert t["faster"] < t["base"] <= t["slower"], (p, t)
+
+
+def test_mpi_like_npt_optimum_grows_with_the_net():
+    from daskann.npt.bench import PAPER_NETS
+
+    mpi = ClusterSpec(workers=(1, 4, 16, 64, 256), flop_rate=1e10, latency=2e-6, bandwidth=5e9, task_overhead=0.0)
+    optimum = []
+    for spec in PAPER_NETS.values():
+        net = Network((spec["n_features"], *spec["hidden"], spec["n_outputs"]), 128, 100)
+        rows = [predict_npt(net, mpi, p) for p in mpi.workers]
+        best = min(rows, key=lambda r: r.seconds)
+        optimum.append(math.prod(int(x) for x in best.config["grid"].split("x")))
+    assert optimum == sorted(optimum) and optimum[0] < optimum[-1]
+
+
+# -- cluster files -----------------------------------------------------------------------------
+def test_cluster_file_round_trip(tmp_path):
+    path = write_cluster(SYNTHETIC, tmp_path / "mine.yaml")
+    assert load_cluster(path).to_dict() == SYNTHETIC.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("workers: [1, 2]\nflop_rate: 1e9\nlatency: 1e-3\nbandwidth: 1e8\n", "task_overhead"),
+        ("workers: [1, 2]\nflop_rate: -1.0\nlatency: 1e-3\nbandwidth: 1e8\ntask_overhead: 0\n", "flop_rate"),
+        ("workers: [1, 2]\nflop_rate: 1e9\nlatency: 0\nbandwidth: 1e8\ntask_overhead: 0\n", "latency"),
+        ("workers: [0, 2]\nflop_rate: 1e9\nlatency: 1e-3\nbandwidth: 1e8\ntask_overhead: 0\n", "workers"),
+        ("workers: [1.5]\nflop_rate: 1e9\nlatency: 1e-3\nbandwidth: 1e8\ntask_overhead: 0\n", "workers"),
+        ("flop_rate: 1e9\nlatency: 1e-3\nbandwidth: 1e8\ntask_overhead: 0\n", "workers"),
+        ("workers: [1]\nflop_rate: 1e9\nlatency: 1e-3\nbandwidth: abc\ntask_overhead: 0\n", "bandwidth"),
+    ],
+)
+def test_bad_cluster_file_names_the_key_and_runs_nothing(tmp_path, text, named):
+    path = _write(tmp_path, text)
+    with pytest.raises(ValueError, match=f"^{named} in c.yaml="):
+        load_cluster(path)
+    out = CliRunner().invoke(plan_command, ["--method", "npt", "--cluster", str(path), "--json"])
+    assert out.exit_code != 0 and f"{named} in c.yaml=" in out.output and "predictions" not in out.output
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--method", "mgrit", "--iterations", "0"], "--iterations=0 is not valid"),
+        (["--method", "mgrit", "--iterations", "-3"], "--iterations=-3 is not valid"),
+        (["--method", "sgd"], "--method"),
+        (["--method", "npt", "--net", "huge"], "--net"),
+        (["--method", "npt", "--workers", "0"], "--workers=0 is not valid"),
+        (["--method", "npt", "--steps", "0"], "--steps=0 is not valid"),
+        (["--measure"], "--output=None is not valid"),
+    ],
+)
+def test_bad_flags(tmp_path, args, named):
+    path = write_cluster(SYNTHETIC, tmp_path / "ok.yaml")
+    out = CliRunner().invoke(plan_command, [*args, "--cluster", str(path)])
+    assert out.exit_code != 0 and named in out.output, out.output
+
+
+def test_bad_values_checked_directly():
+    with pytest.raises(ValueError, match="workers in x="):
+        cluster_from_dict(
+            {"workers": [1, -2], "flop_rate": 1, "latency": 1, "bandwidth": 1, "task_overhead": 0}, source="x"
+        )
+    with pytest.raises(ValueError, match="keys of x="):
+        cluster_from_dict({"workers": [1], "flops": 1}, source="x")
+
+
+# -- the command ----------------------------------------------------------------------------------
+def test_json_layout_and_plot(tmp_path):
+    path = write_cluster(SYNTHETIC, tmp_path / "c.yaml")
+    png = tmp_path / "speedup.png"
+    args = ["--method", "all", "--cluster", str(path), "--hidden", "32,32", "--n-features", "8", "--n-outputs", "2"]
+    out = CliRunner().invoke(plan_command, [*args, "--iterations", "4", "--steps", "64", "--json", "--plot", str(png)])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.output)
+    assert set(result) == {"predictions", "best"}
+    keys = {"method", "net", "workers", "seconds", "seconds_per_step", "speedup", "config"}
+    assert all(set(r) == keys for r in result["predictions"])
+    assert {(r["method"], r["workers"]) for r in result["predictions"]} == {
+        (m, p) for m in ("npt", "mgrit", "partition") for p in (1, 2, 4)
+    }
+    assert set(result["best"]) == keys
+    assert result["best"]["seconds"] == min(r["seconds"] for r in result["predictions"])
+    assert {"grid", "mode"} <= set(result["predictions"][0]["config"])
+    assert png.stat().st_size > 1000
+    text = CliRunner().invoke(plan_command, [*args, "--iterations", "4", "--steps", "64"])
+    assert text.exit_code == 0 and "fastest:" in text.output and "partition" in text.output
+
+
+def test_profile_plan_key_predicts_and_cluster_ignores_it():
+    pytest.importorskip("dask_jobqueue", reason="profiles need the hpc extra (dask-jobqueue)")
+    from daskann.cluster import load_profile
+
+    assert "plan" not in load_profile("slurm")
+    out = CliRunner().invoke(plan_command, ["--method", "npt", "--profile", "slurm", "--json"])
+    assert out.exit_code == 0, out.output
+    assert max(r["workers"] for r in json.loads(out.output)["predictions"]) == 64
+
+
+def test_measure_writes_a_file_cluster_reads(client2, tmp_path):
+    address = client2.scheduler.address
+    path = tmp_path / "measured.yaml"
+    out = CliRunner().invoke(plan_command, ["--measure", "-o", str(path), "--address", address])
+    assert out.exit_code == 0, out.output
+    measured = load_cluster(path)
+    assert measured.workers == (1, 2) and measured.flop_rate > 1e7 and measured.task_overhead > 0
+    out = CliRunner().invoke(plan_command, ["--method", "npt", "--cluster", str(path), "--json"])
+    assert out.exit_code == 0 and len(json.loads(out.output)["predictions"]) == 2
+
+
+def test_validate_on_two_workers(client2):
+    address = client2.scheduler.address
+    args = ["--validate", "--method", "all", "--address", address, "--hidden", "16,16", "--n-features", "8"]
+    out = CliRunner().invoke(plan_command, [*args, "--n-outputs", "2", "--steps", "32", "--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.output)["validation"]
+    assert {r["method"] for r in rows} <= {"npt", "mgrit", "partition"} and {"npt", "partition"} <= {
+        r["method"] for r in rows
+    }
+    for r in rows:
+        assert set(r) == {"method", "workers", "predicted_s", "measured_s"} and r["workers"] == 2
+        assert r["predicted_s"] > 0 and r["measured_s"] > 0
+
+
+def test_without_method_the_npt_grid_table_as_before(client2):
+    out = CliRunner().invoke(plan_command, ["--address", client2.scheduler.address, "--hidden", "32"])
+    assert out.exit_code == 0, out.output
+    assert "grid='auto' takes" in out.output and "1x1" in out.output
