@@ -281,7 +281,7 @@ def _torch_steps(n, Xt, yt, layers, optimizer, hidden, output, loss, batch_size,
 
 def _torch_training(X, y, model, *, activation, output, loss, lr, momentum, batch_size, shuffle, seed, steps):
     """The same training in PyTorch (float64), from ``model``'s initial weights."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="PyTorch is an optional cross-check")
     acts = {"sigmoid": torch.sigmoid, "tanh": torch.tanh, "linear": lambda t: t}
     layers = []
     for i, W in enumerate(model.weights):
