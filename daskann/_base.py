@@ -30,7 +30,7 @@ from daskann._validation import (
 )
 from daskann.data import BatchOrder
 from daskann.exceptions import TrainingDiverged
-from daskann.nn import MLP, softmax
+from daskann.nn import MLP, output_activation, softmax
 
 __all__ = ["BaseTrainer", "TrainingData", "TrainingDiverged"]
 
@@ -226,10 +226,19 @@ class BaseTrainer(BaseEstimator):
             Before ``fit``.
         """
         X = self._check_predict_input(X)
+        logits = self._logits(X)
         if self._fitted_loss() == "cross_entropy":
-            return self.model_.predict_class(X)
-        out = self.model_.predict(X)
+            return np.argmax(logits, axis=1)
+        out = output_activation(logits, self._fitted_output())
         return out[:, 0] if out.shape[1] == 1 else out
+
+    def _logits(self, X) -> np.ndarray:
+        """The network's last pre-activation for checked ``X`` (a trainer may compute it where its weights are)."""
+        return self.model_.forward(X)
+
+    def _fitted_output(self) -> str:
+        """The output activation of the fitted network."""
+        return self.model_.output
 
     @available_if(_has_proba)
     def predict_proba(self, X) -> np.ndarray:
@@ -245,7 +254,7 @@ class BaseTrainer(BaseEstimator):
             Rows sum to one; column ``c`` is class ``c``.
         """
         X = self._check_predict_input(X)
-        return softmax(self.model_.forward(X))
+        return softmax(self._logits(X))
 
     def score(self, X, y, sample_weight=None) -> float:
         """Accuracy (``loss="cross_entropy"``) or coefficient of determination R^2 (``loss="mse"``).
@@ -431,8 +440,13 @@ class BaseTrainer(BaseEstimator):
 
     def _load_resume(self, resume, settings, data: TrainingData, order: BatchOrder) -> store.Checkpoint:
         ckpt = store.load_checkpoint(resume)
+        self._check_resume(resume, ckpt, settings, data, order)
+        return ckpt
+
+    def _check_resume(self, resume, ckpt, settings, data: TrainingData, order: BatchOrder) -> None:
+        """Refuse a checkpoint (:class:`store.Checkpoint` or :class:`store.CheckpointInfo`) of another training."""
         expected_sizes = [data.n_features, *settings["hidden_sizes"], data.n_outputs]
-        found = ckpt.model.get_config()
+        found = ckpt.model if isinstance(ckpt.model, dict) else ckpt.model.get_config()
         mismatches = []
         if found["sizes"] != expected_sizes:
             mismatches.append(f"sizes {found['sizes']} != {expected_sizes}")
@@ -441,9 +455,9 @@ class BaseTrainer(BaseEstimator):
                 mismatches.append(f"{key} {found[key]!r} != {settings[key]!r}")
         if found["dtype"] != settings["dtype"].name:
             mismatches.append(f"dtype {found['dtype']!r} != {settings['dtype'].name!r}")
-        bias = settings.get("bias", True)
-        if ckpt.model.bias != bias:
-            mismatches.append(f"bias={bias} but the checkpoint's model has {'biases' if ckpt.model.bias else 'none'}")
+        bias, found_bias = settings.get("bias", True), found.get("bias", True)
+        if found_bias != bias:
+            mismatches.append(f"bias={bias} but the checkpoint's model has {'biases' if found_bias else 'none'}")
         for key, value in self._training_config(settings).items():
             if key != "method" and ckpt.training.get(key) != value:
                 mismatches.append(f"{key} {ckpt.training.get(key)!r} != {value!r}")
@@ -451,7 +465,6 @@ class BaseTrainer(BaseEstimator):
             mismatches.append(f"batch order {ckpt.batch_order} != {order.get_state()}")
         if mismatches:
             raise store.StoreError(f"resume={str(resume)!r} does not match this training: " + "; ".join(mismatches))
-        return ckpt
 
     # -- results -----------------------------------------------------------------
     def _evaluate(self, model: MLP, validation, loss: str) -> dict:

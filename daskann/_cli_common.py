@@ -31,16 +31,47 @@ def _int_list(ctx, param, value):
         raise click.BadParameter(f"{value!r} is not a comma-separated list of integers, e.g. 64,64") from None
 
 
+def option_group(*options):
+    """A decorator that adds ``options`` to a command, listed by ``--help`` in the order given."""
+
+    def add(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return add
+
+
+def _hidden_option():
+    return click.option(
+        "--hidden", default="64", show_default=True, callback=_int_list, help="Hidden layer widths, comma-separated."
+    )
+
+
+def _batch_size_option():
+    return click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per training step.")
+
+
+def _dtype_option(help: str):
+    return click.option(
+        "--dtype", type=click.Choice(["float64", "float32"]), default="float64", show_default=True, help=help
+    )
+
+
+def data_path_option():
+    """``--data-path``: the folder of the MNIST or CIFAR-10 files."""
+    return click.option(
+        "--data-path",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Folder with MNIST IDX files or CIFAR-10 python batches.",
+    )
+
+
 def training_options(func):
     """Network, optimiser and schedule options (the serial trainer's settings)."""
-    options = [
-        click.option(
-            "--hidden",
-            default="64",
-            show_default=True,
-            callback=_int_list,
-            help="Hidden layer widths, comma-separated.",
-        ),
+    return option_group(
+        _hidden_option(),
         click.option(
             "--activation",
             type=click.Choice(["relu", "leaky_relu"]),
@@ -64,16 +95,10 @@ def training_options(func):
         ),
         click.option("--steps", type=int, default=None, help="Training steps (default: 200 unless --epochs)."),
         click.option("--epochs", type=int, default=None, help="Training epochs instead of steps."),
-        click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per training step."),
+        _batch_size_option(),
         click.option("--lr", type=float, default=0.05, show_default=True, help="Learning rate."),
         click.option("--momentum", type=float, default=0.0, show_default=True, help="SGD momentum in [0, 1)."),
-        click.option(
-            "--dtype",
-            type=click.Choice(["float64", "float32"]),
-            default="float64",
-            show_default=True,
-            help="Floating-point type of the data and the weights.",
-        ),
+        _dtype_option("Floating-point type of the data and the weights."),
         click.option(
             "--seed",
             type=int,
@@ -83,17 +108,25 @@ def training_options(func):
         ),
         click.option("--no-shuffle", is_flag=True, help="Walk the rows in order instead of shuffling each epoch."),
         click.option("--eval-every", type=int, default=None, help="Validate every N steps (default: every epoch)."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    )(func)
+
+
+def network_options(func):
+    """Widths, batch and dtype of a network that is planned rather than trained (``daskann plan``)."""
+    return option_group(
+        _hidden_option(),
+        click.option("--n-features", type=int, default=64, show_default=True, help="Input width."),
+        click.option("--n-outputs", type=int, default=10, show_default=True, help="Output width."),
+        _batch_size_option(),
+        _dtype_option("Floating-point type (sets the bytes each message moves)."),
+    )(func)
 
 
 def data_options(func):
     """Data set options."""
     from daskann.data import DATASETS
 
-    options = [
+    return option_group(
         click.option(
             "--dataset",
             type=click.Choice(list(DATASETS)),
@@ -105,12 +138,7 @@ def data_options(func):
         click.option("--n-features", type=int, default=None, help="Input width of the linear data."),
         click.option("--n-outputs", type=int, default=None, help="Output width of the linear data."),
         click.option("--noise", type=float, default=0.1, show_default=True, help="Noise level of the linear data."),
-        click.option(
-            "--data-path",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=None,
-            help="Folder with MNIST IDX files or CIFAR-10 python batches.",
-        ),
+        data_path_option(),
         click.option(
             "--data",
             "data_store",
@@ -125,15 +153,12 @@ def data_options(func):
             show_default=True,
             help="Share of the rows held out for validation.",
         ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    )(func)
 
 
 def output_options(func):
     """Output folder, resume and report options."""
-    options = [
+    return option_group(
         click.option(
             "--output",
             "-o",
@@ -146,24 +171,42 @@ def output_options(func):
         click.option("--resume", is_flag=True, help="Continue the run in --output from its last good checkpoint."),
         click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary."),
         click.option("--quiet", "-q", is_flag=True, help="No progress bar."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    )(func)
 
 
 def cluster_options(func):
     """Where the Dask work runs."""
-    options = [
+    return option_group(
         click.option("--address", default=None, help="Scheduler address (default: an embedded LocalCluster)."),
         click.option("--profile", default=None, help="dask-jobqueue profile (slurm, pbs) or a YAML path."),
         click.option(
             "--workers", type=int, default=None, help="Workers of the embedded cluster (or jobs of a profile)."
         ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    )(func)
+
+
+def bench_output_option(default: str, help: str):
+    """``--output``/``-o``: the folder a benchmark writes its report and plots into."""
+    return click.option(
+        "--output", "-o", type=click.Path(path_type=Path), default=Path(default), show_default=True, help=help
+    )
+
+
+def bench_options(*, workers_help: str, output: str, output_help: str):
+    """``--workers`` (default 2), ``--address`` and ``--output`` of a benchmark that starts its own cluster."""
+    return option_group(
+        click.option("--workers", type=int, default=2, show_default=True, help=workers_help),
+        click.option("--address", default=None, help="Scheduler address instead of an embedded cluster."),
+        bench_output_option(output, output_help),
+    )
+
+
+def report_options(func):
+    """``--json`` and ``--quiet`` of a benchmark's report."""
+    return option_group(
+        click.option("--json", "as_json", is_flag=True, help="Print the JSON report."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress lines."),
+    )(func)
 
 
 #: Python parameters whose command-line option has another destination name
@@ -467,16 +510,22 @@ def echo_err(message: str) -> None:
 
 
 __all__ = [
+    "bench_options",
+    "bench_output_option",
     "cli_errors",
     "cluster_options",
     "connect",
     "data_options",
+    "data_path_option",
     "echo_dashboard",
     "flag_message",
     "load_data",
+    "network_options",
     "option_errors",
+    "option_group",
     "output_options",
     "print_summary",
+    "report_options",
     "run_training",
     "setup_logging",
     "summarize",

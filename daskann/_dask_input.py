@@ -13,7 +13,14 @@ import math
 
 import numpy as np
 
-from daskann._validation import invalid
+from daskann._validation import (
+    check_features_layout,
+    check_label_range,
+    check_targets_layout,
+    invalid,
+    non_finite,
+    not_labels,
+)
 
 __all__ = ["DaskInput", "check_dask_data", "data_client", "is_dask_array", "materialize", "remote_call"]
 
@@ -61,35 +68,11 @@ def _as_dask(value, name: str):
 
 
 def _check_features_meta(X, name: str, n_features: int | None):
-    X = _as_dask(X, name)
-    if X.ndim != 2:
-        raise invalid(name, f"array of shape {X.shape}", "a 2-d array of shape (n_samples, n_features)")
-    if not np.issubdtype(X.dtype, np.floating):
-        raise invalid(name, f"array of dtype {X.dtype}", "a float32 or float64 array", TypeError)
-    if X.shape[0] == 0:
-        raise invalid(name, f"array of shape {X.shape}", "at least one sample")
-    if n_features is not None and X.shape[1] != n_features:
-        raise invalid(name, f"array of shape {X.shape}", f"{n_features} features, as the network's input layer")
-    return X
+    return check_features_layout(_as_dask(X, name), name, n_features)
 
 
 def _check_targets_meta(y, name: str, loss: str, n_samples: int, n_outputs: int | None):
-    y = _as_dask(y, name)
-    if y.shape[:1] != (n_samples,):
-        raise invalid(name, f"array of shape {y.shape}", f"{n_samples} rows, as X")
-    if loss == "cross_entropy":
-        if y.ndim != 1 or not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
-            raise invalid(name, f"array of shape {y.shape} and dtype {y.dtype}", "1-d integer class labels")
-        return y
-    if y.ndim == 1:
-        y = y[:, None]
-    if y.ndim != 2 or not np.issubdtype(y.dtype, np.floating):
-        raise invalid(
-            name, f"array of shape {y.shape} and dtype {y.dtype}", "a 2-d float array of regression targets", TypeError
-        )
-    if n_outputs is not None and y.shape[1] != n_outputs:
-        raise invalid(name, f"array of shape {y.shape}", f"{n_outputs} columns, as the network's output layer")
-    return y
+    return check_targets_layout(_as_dask(y, name), name, loss, n_samples, n_outputs)
 
 
 # -- per-chunk summaries (on the workers) ---------------------------------------------
@@ -137,25 +120,18 @@ def _summary(array, *, labels: bool = False):
 def _raise_features(name: str, s: dict) -> None:
     if s["bad"]:
         first, chunk = s["first"]
-        raise invalid(
-            name, f"array with {s['bad']} NaN or Inf values (first at {first}, in chunk {chunk})", "finite values"
-        )
+        raise non_finite(name, s["bad"], first=first, chunk=chunk)
 
 
 def _labels_outputs(name: str, s: dict, n_outputs: int | None) -> int:
     if s["bad"] or s["fractional"]:
-        raise invalid(name, "float array with non-integer values", "1-d integer class labels")
-    if s["min"] < 0:
-        raise invalid(name, f"labels with minimum {s['min']}", "labels >= 0")
-    classes = s["max"] + 1
-    if n_outputs is not None and classes > n_outputs:
-        raise invalid(name, f"labels up to {classes - 1}", f"labels below {n_outputs}, the network's output width")
-    return n_outputs or classes
+        raise not_labels(name)
+    return check_label_range(name, s["min"], s["max"], n_outputs)
 
 
 def _raise_targets(name: str, s: dict) -> None:
     if s["bad"]:
-        raise invalid(name, f"array with {s['bad']} NaN or Inf values", "finite values")
+        raise non_finite(name, s["bad"])
 
 
 # -- the entry point ---------------------------------------------------------------

@@ -104,9 +104,16 @@ def _as_numpy(array, name: str) -> np.ndarray:
         raise invalid(name, type(array).__name__, "an array-like of numbers", TypeError) from exc
 
 
-def check_features(X, *, name: str = "X", dtype=np.float64, n_features: int | None = None) -> np.ndarray:
-    """A finite 2-d float array; integers and other types are refused, not cast."""
-    X = _as_numpy(X, name)
+def non_finite(name: str, count: int, first=None, chunk=None) -> ValueError:
+    """The error for ``count`` NaN or Inf values in array ``name`` (first position and chunk where known)."""
+    where = ""
+    if first is not None:
+        where = f" (first at {first}" + ("" if chunk is None else f", in chunk {chunk}") + ")"
+    return invalid(name, f"array with {count} NaN or Inf values{where}", "finite values")
+
+
+def check_features_layout(X, name: str, n_features: int | None):
+    """Shape and dtype of a feature array, numpy or dask alike (values are checked where they are)."""
     if X.ndim != 2:
         raise invalid(name, f"array of shape {X.shape}", "a 2-d array of shape (n_samples, n_features)")
     if not np.issubdtype(X.dtype, np.floating):
@@ -115,34 +122,17 @@ def check_features(X, *, name: str = "X", dtype=np.float64, n_features: int | No
         raise invalid(name, f"array of shape {X.shape}", "at least one sample")
     if n_features is not None and X.shape[1] != n_features:
         raise invalid(name, f"array of shape {X.shape}", f"{n_features} features, as the network's input layer")
-    bad = ~np.isfinite(X)
-    if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise invalid(name, f"array with {int(bad.sum())} NaN or Inf values (first at {first})", "finite values")
-    return np.ascontiguousarray(X, dtype=dtype)
+    return X
 
 
-def check_targets(y, *, loss: str, n_samples: int, name: str = "y", dtype=np.float64, n_outputs: int | None = None):
-    """Targets for ``loss``: integer labels for cross-entropy, floats for MSE.
-
-    Returns ``(y, n_outputs)``.
-    """
-    y = _as_numpy(y, name)
+def check_targets_layout(y, name: str, loss: str, n_samples: int, n_outputs: int | None):
+    """Shape and dtype of the targets of ``loss``, numpy or dask alike; 1-d regression targets become a column."""
     if y.shape[:1] != (n_samples,):
         raise invalid(name, f"array of shape {y.shape}", f"{n_samples} rows, as X")
     if loss == "cross_entropy":
         if y.ndim != 1 or not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
             raise invalid(name, f"array of shape {y.shape} and dtype {y.dtype}", "1-d integer class labels")
-        if np.issubdtype(y.dtype, np.floating):
-            if not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
-                raise invalid(name, "float array with non-integer values", "1-d integer class labels")
-        labels = y.astype(np.int64)
-        if labels.min() < 0:
-            raise invalid(name, f"labels with minimum {labels.min()}", "labels >= 0")
-        classes = int(labels.max()) + 1
-        if n_outputs is not None and classes > n_outputs:
-            raise invalid(name, f"labels up to {classes - 1}", f"labels below {n_outputs}, the network's output width")
-        return labels, n_outputs or classes
+        return y
     if y.ndim == 1:
         y = y[:, None]
     if y.ndim != 2 or not np.issubdtype(y.dtype, np.floating):
@@ -151,7 +141,45 @@ def check_targets(y, *, loss: str, n_samples: int, name: str = "y", dtype=np.flo
         )
     if n_outputs is not None and y.shape[1] != n_outputs:
         raise invalid(name, f"array of shape {y.shape}", f"{n_outputs} columns, as the network's output layer")
+    return y
+
+
+def not_labels(name: str) -> ValueError:
+    """The error for float labels that are not all finite whole numbers."""
+    return invalid(name, "float array with non-integer values", "1-d integer class labels")
+
+
+def check_label_range(name: str, low: int, high: int, n_outputs: int | None) -> int:
+    """Output width that class labels from ``low`` to ``high`` need (``n_outputs`` where given and wide enough)."""
+    if low < 0:
+        raise invalid(name, f"labels with minimum {low}", "labels >= 0")
+    classes = high + 1
+    if n_outputs is not None and classes > n_outputs:
+        raise invalid(name, f"labels up to {classes - 1}", f"labels below {n_outputs}, the network's output width")
+    return n_outputs or classes
+
+
+def check_features(X, *, name: str = "X", dtype=np.float64, n_features: int | None = None) -> np.ndarray:
+    """A finite 2-d float array; integers and other types are refused, not cast."""
+    X = check_features_layout(_as_numpy(X, name), name, n_features)
+    bad = ~np.isfinite(X)
+    if bad.any():
+        raise non_finite(name, int(bad.sum()), first=tuple(int(i) for i in np.argwhere(bad)[0]))
+    return np.ascontiguousarray(X, dtype=dtype)
+
+
+def check_targets(y, *, loss: str, n_samples: int, name: str = "y", dtype=np.float64, n_outputs: int | None = None):
+    """Targets for ``loss``: integer labels for cross-entropy, floats for MSE.
+
+    Returns ``(y, n_outputs)``.
+    """
+    y = check_targets_layout(_as_numpy(y, name), name, loss, n_samples, n_outputs)
+    if loss == "cross_entropy":
+        if np.issubdtype(y.dtype, np.floating) and not (np.all(np.isfinite(y)) and np.all(y == np.round(y))):
+            raise not_labels(name)
+        labels = y.astype(np.int64)
+        return labels, check_label_range(name, int(labels.min()), int(labels.max()), n_outputs)
     bad = ~np.isfinite(y)
     if bad.any():
-        raise invalid(name, f"array with {int(bad.sum())} NaN or Inf values", "finite values")
+        raise non_finite(name, int(bad.sum()))
     return np.ascontiguousarray(y, dtype=dtype), y.shape[1]

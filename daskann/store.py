@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextvars
 import errno
 import hashlib
+import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -129,8 +131,22 @@ def write_array_group(path, arrays: dict[str, np.ndarray], attrs: dict) -> Path:
 
 
 def read_array_group(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict]:
-    """Read and verify a group written by :func:`write_array_group`."""
+    """Read and verify a group written by :func:`write_array_group` (or :func:`write_block_group`)."""
     path = Path(path)
+    group, attrs, meta = _open_group(path, kind=kind)
+    arrays = {}
+    for name, expected in meta.get("manifest", {}).items():
+        try:
+            array = group[name][...]
+        except Exception as exc:
+            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+        _verify_array(path, name, np.asarray(array), expected)
+        arrays[name] = np.asarray(array)
+    return arrays, attrs
+
+
+def _open_group(path: Path, *, kind: str):
+    """The zarr group of a daskann store of ``kind``, its attributes and daskann metadata (no array read)."""
     if not path.exists():
         raise FileNotFoundError(f"path={str(path)!r}: no such store")
     try:
@@ -147,16 +163,147 @@ def read_array_group(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict]:
             f"path={str(path)!r} has format_version={meta.get('format_version')!r}; "
             f"this daskann reads version {FORMAT_VERSION}"
         )
-    arrays = {}
-    for name, expected in meta.get("manifest", {}).items():
-        try:
-            array = group[name][...]
-        except Exception as exc:
-            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+    return group, attrs, meta
+
+
+def _verify_array(path: Path, name: str, array: np.ndarray, expected: dict) -> None:
+    """Check a whole array against its manifest entry: one digest, or one per written block."""
+    if "blocks" not in expected:
         if array_digest(array) != expected["sha256"]:
             raise DamagedStoreError(f"path={str(path)!r}: array {name!r} does not match its checksum")
-        arrays[name] = np.asarray(array)
-    return arrays, attrs
+        return
+    for index, region in _block_regions(expected["bounds"]):
+        if array_digest(array[tuple(slice(a, b) for a, b in region)]) != expected["blocks"].get(index):
+            raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} does not match its checksum")
+
+
+# -- stores written block by block, on the workers that hold the blocks ---------------------------
+@dataclass(frozen=True)
+class BlockArray:
+    """An array of a block store: its shape, dtype and the ``(start, stop)`` bounds of its blocks on each axis."""
+
+    shape: tuple
+    dtype: str
+    bounds: tuple  # per axis, a tuple of (start, stop)
+
+
+def _block_regions(bounds) -> list[tuple[str, tuple]]:
+    """``("i.j", ((r0, r1), (c0, c1)))`` for every block of ``bounds`` (one axis or two)."""
+    out = []
+    for index in itertools.product(*(range(len(axis)) for axis in bounds)):
+        region = tuple(tuple(bounds[a][k]) for a, k in enumerate(index))
+        out.append((".".join(str(k) for k in index), region))
+    return out
+
+
+def block_chunks(bounds) -> int:
+    """A chunk length along one axis such that every block of ``bounds`` is made of whole chunks.
+
+    The blocks themselves when they are regular (equal, the last one possibly shorter), else the
+    greatest common divisor of their edges: two blocks never share a chunk, so no two writers do.
+    """
+    sizes = [b - a for a, b in bounds]
+    if all(s == sizes[0] for s in sizes[:-1]) and sizes[-1] <= sizes[0]:
+        return max(sizes[0], 1)
+    return max(math.gcd(*(b for _, b in bounds)), 1)
+
+
+def write_block(tmp, name: str, region, array: np.ndarray) -> str:
+    """Write one block into the array ``name`` of an open block store ``tmp``; its digest.
+
+    Runs on the worker that holds the block; the block covers whole chunks (:func:`block_chunks`).
+    """
+    array = np.ascontiguousarray(array)
+    z = zarr.open_array(str(Path(tmp) / name), mode="r+")
+    z[tuple(slice(a, b) for a, b in region)] = array
+    return array_digest(array)
+
+
+def write_block_group(path, layout: dict[str, BlockArray], write: Callable[[Path], dict], attrs: dict) -> Path:
+    """Write a zarr group whose blocks are written elsewhere (on the workers), committed atomically.
+
+    The arrays are created (metadata only) under a temporary name; ``write(tmp)`` writes every block
+    and returns ``{name: {"i.j": sha256}}``; the manifest of those digests is then added to the
+    attributes, last, and the group renamed into place. A store whose ``write`` fails is removed.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    try:
+        group = zarr.open_group(str(tmp), mode="w-")
+        for name, spec in layout.items():
+            group.create_array(
+                name,
+                shape=tuple(spec.shape),
+                dtype=np.dtype(spec.dtype),
+                chunks=tuple(block_chunks(axis) for axis in spec.bounds) or None,
+                compressors=[ZstdCodec(level=1), Crc32cCodec()],
+                config={"write_empty_chunks": True},
+            )
+        digests = write(tmp)
+        manifest = {}
+        for name, spec in layout.items():
+            blocks = {index: digests[name][index] for index, _ in _block_regions(spec.bounds)}
+            manifest[name] = {
+                "shape": list(spec.shape),
+                "dtype": np.dtype(spec.dtype).str,
+                "bounds": [[list(b) for b in axis] for axis in spec.bounds],
+                "blocks": blocks,
+            }
+        meta = dict(attrs.get("daskann", {}))
+        meta["manifest"] = manifest
+        group.attrs.update({**attrs, "daskann": meta})
+        atomic_replace_dir(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _reraise_if_full(exc, target)
+        raise
+    return target
+
+
+def _read(path: Path, name: str, z, selection) -> np.ndarray:
+    try:
+        return np.asarray(z[selection])
+    except Exception as exc:  # a torn chunk or a failed CRC32C
+        raise DamagedStoreError(f"path={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+
+
+def is_block_store(path) -> bool:
+    """Whether a checkpoint was written block by block (its arrays too big, maybe, for one process)."""
+    _group, _attrs, meta = _open_group(Path(path), kind="checkpoint")
+    return any("blocks" in entry for entry in meta.get("manifest", {}).values())
+
+
+def read_region(path, name: str, region) -> np.ndarray:
+    """Rows and columns ``region`` (a ``(start, stop)`` per axis) of array ``name``, verified.
+
+    Reads, on the worker that calls it, only the written blocks the region overlaps (the whole
+    array of a store written in one piece) and checks each against the manifest, so a block
+    store written on one grid is re-cut for any other.
+    """
+    path = Path(path)
+    group = zarr.open_group(str(path), mode="r")
+    expected = group.attrs["daskann"]["manifest"].get(name)
+    if expected is None:
+        raise DamagedStoreError(f"path={str(path)!r}: array {name!r} is missing from the manifest")
+    z = group[name]
+    want = tuple(slice(a, b) for a, b in region)
+    if "blocks" not in expected:
+        whole = _read(path, name, z, ...)
+        _verify_array(path, name, whole, expected)
+        return np.ascontiguousarray(whole[want])
+    out = np.empty(tuple(b - a for a, b in region), dtype=np.dtype(expected["dtype"]))
+    for index, block in _block_regions(expected["bounds"]):
+        overlap = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(block, region, strict=True)]
+        if any(lo >= hi for lo, hi in overlap):
+            continue
+        values = _read(path, name, z, tuple(slice(a, b) for a, b in block))
+        if array_digest(values) != expected["blocks"].get(index):
+            raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} does not match its checksum")
+        src = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, block, strict=True))
+        dst = tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(overlap, region, strict=True))
+        out[dst] = values[src]
+    return out
 
 
 @dataclass
@@ -197,18 +344,93 @@ def save_checkpoint(path, checkpoint: Checkpoint) -> Path:
         arrays[f"biases/{i}"] = b
     for i, v in enumerate(checkpoint.velocity):
         arrays[f"velocity/{i}"] = v
-    attrs = {
+    attrs = checkpoint_attrs(
+        model.get_config(), checkpoint.step, checkpoint.batch_order, checkpoint.training, checkpoint.extra
+    )
+    return write_array_group(path, arrays, attrs)
+
+
+def checkpoint_attrs(model_config: dict, step: int, batch_order: dict, training: dict, extra: dict) -> dict:
+    """The JSON attributes of a checkpoint store (the manifest is added by the writer)."""
+    return {
         "daskann": {
             "kind": "checkpoint",
             "format_version": FORMAT_VERSION,
-            "step": int(checkpoint.step),
-            "model": model.get_config(),
-            "batch_order": checkpoint.batch_order,
-            "training": checkpoint.training,
-            "extra": checkpoint.extra,
+            "step": int(step),
+            "model": model_config,
+            "batch_order": batch_order,
+            "training": training,
+            "extra": extra,
         }
     }
-    return write_array_group(path, arrays, attrs)
+
+
+def checkpoint_arrays(model_config: dict) -> list[str]:
+    """Names of the arrays a checkpoint of a network with ``model_config`` holds."""
+    n_layers = len(model_config["sizes"]) - 1
+    bias = model_config.get("bias", True)
+    names = [f"weights/{i}" for i in range(n_layers)] + [f"biases/{i}" for i in range(n_layers if bias else 0)]
+    return names + [f"velocity/{i}" for i in range((2 if bias else 1) * n_layers)]
+
+
+@dataclass
+class CheckpointInfo:
+    """A checkpoint's metadata, its arrays left on disk (read, and verified, where they are needed).
+
+    Attributes
+    ----------
+    path : Path
+        The checkpoint store (the newest of a run folder).
+    model : dict
+        The network's configuration (``MLP.get_config``).
+    step, batch_order, training, extra
+        As :class:`Checkpoint`.
+    """
+
+    path: Path
+    model: dict
+    step: int
+    batch_order: dict
+    training: dict
+    extra: dict = field(default_factory=dict)
+
+
+def _check_complete(path: Path) -> dict:
+    """A checkpoint's metadata, after checking that its manifest lists every array and its files exist."""
+    group, _attrs, meta = _open_group(path, kind="checkpoint")
+    config, manifest = meta["model"], meta.get("manifest", {})
+    missing = [name for name in checkpoint_arrays(config) if name not in manifest]
+    if missing:
+        raise DamagedStoreError(f"path={str(path)!r}: checkpoint arrays are incomplete (missing {missing})")
+    for name, expected in manifest.items():
+        try:
+            shape = tuple(group[name].shape)
+        except Exception as exc:
+            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+        if shape != tuple(expected["shape"]):
+            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} has shape {shape}, not {expected['shape']}")
+    return meta
+
+
+def checkpoint_info(path) -> CheckpointInfo:
+    """Metadata of a checkpoint or of a run folder's newest one, checked for a complete manifest.
+
+    No array is read: trainers that hold their state on workers read each block there
+    (:func:`read_region`, which verifies it).
+    """
+    path = Path(path)
+    if (path / RUN_MARKER).exists() or (path / CHECKPOINT_DIR).is_dir():
+        # the checksums are checked where each block is read; here, that every block was written
+        path = find_checkpoint(path, check=_check_complete)
+    meta = _check_complete(path)
+    return CheckpointInfo(
+        path=path,
+        model=meta["model"],
+        step=int(meta["step"]),
+        batch_order=meta["batch_order"],
+        training=meta["training"],
+        extra=meta.get("extra", {}),
+    )
 
 
 def load_checkpoint(path) -> Checkpoint:
@@ -260,14 +482,20 @@ def list_checkpoints(run_dir) -> list[Path]:
     return sorted(found, key=lambda p: int(_CHECKPOINT_NAME.match(p.name).group(1)), reverse=True)
 
 
-def find_checkpoint(run_dir) -> Path:
-    """Newest checkpoint of ``run_dir`` that verifies; damaged ones are skipped with a warning."""
+def find_checkpoint(run_dir, check: Callable[[Path], object] | None = None) -> Path:
+    """Newest checkpoint of ``run_dir`` that verifies; damaged ones are skipped with a warning.
+
+    ``check(path)`` raises :class:`StoreError` for a damaged store (default: read and verify every array).
+    """
     candidates = list_checkpoints(run_dir)
     if not candidates:
         raise FileNotFoundError(f"path={str(run_dir)!r}: run folder holds no checkpoint")
     for path in candidates:
         try:
-            read_array_group(path, kind="checkpoint")
+            if check is None:
+                read_array_group(path, kind="checkpoint")
+            else:
+                check(path)
         except StoreError as exc:
             warnings.warn(f"skipping damaged checkpoint: {exc}", RuntimeWarning, stacklevel=2)
             continue

@@ -151,3 +151,28 @@ def test_dashboard_link_on_stderr_and_log_level(tmp_path):
     assert quiet.exit_code == 0, quiet.output
     assert json.loads(quiet.stdout)["method"] == "npt"
     assert "Dask dashboard" not in quiet.stderr  # default level: warning; --json keeps the link off
+
+
+def _options_of(command) -> dict[str, tuple]:
+    ctx = click.Context(command, info_name=command.name)
+    return {
+        p.name: (tuple(p.opts), p.default, p.help, p.show_default)
+        for p in command.get_params(ctx)
+        if isinstance(p, click.Option)
+    }
+
+
+def test_shared_option_groups_read_the_same_in_every_command():
+    from daskann.cli import bench
+
+    shape = ("hidden", "n_features", "n_outputs", "batch_size", "dtype")
+    npt_plan, top_plan = (_options_of(c) for c in (plan_command, main.get_command(None, "plan")))
+    assert {n: npt_plan[n] for n in shape} == {n: top_plan[n] for n in shape}
+    assert list(npt_plan)[: len(shape)] == list(shape)  # the group keeps its order in --help
+
+    benches = {name: _options_of(bench.get_command(None, name)) for name in ("mgrit", "partition")}
+    for name, options in benches.items():
+        assert options["workers"][1] == 2 and options["address"][1] is None
+        assert str(options["output"][1]) == f"bench-results/{name}" and options["output"][0] == ("--output", "-o")
+        assert options["as_json"][0] == ("--json",) and options["as_json"][2] == "Print the JSON report."
+        assert options["quiet"][0] == ("--quiet", "-q")

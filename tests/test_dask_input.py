@@ -20,6 +20,7 @@ from conftest import scheduler_watch
 from dask.sizeof import sizeof
 from distributed import Client
 
+from daskann._validation import check_features, check_targets
 from daskann.cli import main
 from daskann.data import make_linear
 from daskann.exceptions import MGRITDidNotPay
@@ -185,6 +186,50 @@ def test_bad_dask_input_fails_before_training(cls, case, problem, client2):
         trainer.fit(bad_X, bad_y, steps=2, validation_data=validation)
     training = [k for k in watch.keys if not CHECK_KEYS.match(k)]
     assert not training, f"keys other than the checks reached the scheduler: {training[:5]}"
+
+
+@pytest.mark.parametrize(
+    ("X", "y", "loss"),
+    [
+        (np.zeros(8), np.zeros(8), "mse"),  # 1-d X
+        (np.zeros((8, 3), np.int64), np.zeros(8), "mse"),  # integer X
+        (np.zeros((8, 4)), np.zeros(8), "mse"),  # 4 features for a 3-wide input
+        (np.zeros((8, 3)), np.zeros(7), "mse"),  # rows differ
+        (np.zeros((8, 3)), np.zeros((8, 2)), "mse"),  # 2 columns for 1 output
+        (np.zeros((8, 3)), np.zeros((8, 2)), "cross_entropy"),  # 2-d labels
+        (np.zeros((8, 3)), np.arange(8) - 1, "cross_entropy"),  # a negative label
+        (np.zeros((8, 3)), np.arange(8), "cross_entropy"),  # label 7 for 1 output
+        (np.zeros((8, 3)), np.linspace(0, 3, 8), "cross_entropy"),  # fractional labels
+        (np.zeros((8, 3)), np.where(np.arange(8) == 5, np.inf, 0.0), "mse"),  # a non-finite target
+    ],
+)
+def test_numpy_and_dask_input_fail_with_one_message(X, y, loss):
+    """One check serves both kinds of array: the same error, whether the values are read here or on a worker."""
+    from daskann._dask_input import (
+        _check_features_meta,
+        _check_targets_meta,
+        _labels_outputs,
+        _raise_targets,
+        _summary,
+    )
+
+    def numpy_error():
+        check_targets(y, loss=loss, n_samples=len(check_features(X, n_features=3)), n_outputs=1)
+
+    def dask_error():
+        dX = _check_features_meta(da.from_array(X, chunks=4), "X", 3)
+        dy = _check_targets_meta(da.from_array(y, chunks=4), "y", loss, dX.shape[0], 1)
+        summary = _summary(dy, labels=loss == "cross_entropy").compute(scheduler="sync")
+        if loss == "cross_entropy":
+            _labels_outputs("y", summary, 1)
+        _raise_targets("y", summary)
+
+    errors = []
+    for fail in (numpy_error, dask_error):
+        with pytest.raises((ValueError, TypeError)) as info:
+            fail()
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
 
 
 def test_cli_data_without_x_names_the_option(tmp_path, client2):

@@ -253,6 +253,23 @@ def _timed(fn):
     return out, round(time.monotonic() - t0, 1)
 
 
+def _fit_under_chaos(client, fit, **chaos):
+    """Run ``fit`` while :class:`Chaos` kills workers; returns ``(kills, seconds)`` once the cluster settled."""
+    try:
+        with Chaos(client, **chaos) as running:
+            _, seconds = _timed(fit)
+    finally:
+        _settle(client)
+    return len(running.killed), seconds
+
+
+def _report_equal(name, state, ref, **figures):
+    """Report the case's figures and whether ``state`` is bit-identical to ``ref``; returns that."""
+    equal = _equal(state, ref)
+    _report(name, **figures, bit_identical=equal)
+    return equal
+
+
 # -- NPT, graph mode -----------------------------------------------------------------------------------
 NPT_KW = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3, grid="2x2", timeout=60.0)
 NPT_GRAPH_STEPS = 30
@@ -289,52 +306,22 @@ def test_npt_graph_chaos_is_bit_identical(fclient, regression, npt_graph_referen
             return True
         return False
 
-    try:
-        with Chaos(fclient, period=3.0, max_kills=3, seed=1, gate=new_checkpoint) as chaos:
-            _, seconds = _timed(lambda: trainer.fit(X, y, steps=NPT_GRAPH_STEPS))
-    finally:
-        _settle(fclient)
-    equal = _equal(_state(trainer), ref)
-    _report(
+    kills, seconds = _fit_under_chaos(
+        fclient, lambda: trainer.fit(X, y, steps=NPT_GRAPH_STEPS), period=3.0, max_kills=3, seed=1, gate=new_checkpoint
+    )
+    equal = _report_equal(
         "npt graph chaos",
-        kills=len(chaos.killed),
+        _state(trainer),
+        ref,
+        kills=kills,
         period_s=3.0,
         checkpoint_every=3,
         one_kill_per_checkpoint=True,
         recoveries=trainer.recoveries_,
         seconds=seconds,
-        bit_identical=equal,
     )
-    assert len(chaos.killed) >= 1, "the chaos must actually kill workers during the run"
+    assert kills >= 1, "the chaos must actually kill workers during the run"
     assert trainer.recoveries_ >= 1
-    assert equal
-
-
-def test_npt_graph_cell_worker_exit_replays_from_checkpoint(fclient, regression, npt_graph_reference, tmp_path):
-    X, y = regression
-    ref, _ = npt_graph_reference
-    trainer = _npt(fclient, "graph", checkpoint_dir=tmp_path, checkpoint_every=10)
-
-    def exit_cell():
-        victim = trainer.grid_.owner(1, 0)
-        _exit_worker(fclient, victim)
-        return victim
-
-    victim, seconds = _fault_during(
-        fclient,
-        lambda: trainer.fit(X, y, steps=NPT_GRAPH_STEPS),
-        lambda: len(store.list_checkpoints(tmp_path)) >= 2,
-        exit_cell,
-    )  # after step 20
-    equal = _equal(_state(trainer), ref)
-    _report(
-        "npt graph targeted os._exit of cell (1, 0)",
-        kills=1,
-        recoveries=trainer.recoveries_,
-        seconds=seconds,
-        bit_identical=equal,
-    )
-    assert trainer.recoveries_ == 1 and victim not in trainer.grid_.workers
     assert equal
 
 
@@ -352,47 +339,59 @@ def test_npt_resident_chaos_is_bit_identical(fclient, regression, npt_resident_r
     X, y = regression
     ref, ref_seconds = npt_resident_reference
     trainer = _npt(fclient, "resident")
-    try:
-        # no checkpoint to watch for: the first kill is sized from the undisturbed run's measured time
-        with Chaos(fclient, period=2.0, max_kills=2, seed=2, first=0.25 * ref_seconds) as chaos:
-            _, seconds = _timed(lambda: trainer.fit(X, y, steps=400))
-    finally:
-        _settle(fclient)
-    equal = _equal(_state(trainer), ref)
-    _report(
+    # no checkpoint to watch for: the first kill is sized from the undisturbed run's measured time
+    kills, seconds = _fit_under_chaos(
+        fclient, lambda: trainer.fit(X, y, steps=400), period=2.0, max_kills=2, seed=2, first=0.25 * ref_seconds
+    )
+    equal = _report_equal(
         "npt resident chaos",
-        kills=len(chaos.killed),
+        _state(trainer),
+        ref,
+        kills=kills,
         period_s=2.0,
         recoveries=trainer.recoveries_,
         seconds=seconds,
-        bit_identical=equal,
     )
-    assert len(chaos.killed) >= 1, "the chaos must actually kill workers during the run"
+    assert kills >= 1, "the chaos must actually kill workers during the run"
     assert trainer.recoveries_ >= 1
     assert equal
 
 
-def test_npt_resident_cell_worker_exit_restarts_from_checkpoint(fclient, regression, npt_resident_reference, tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "steps", "every", "checkpoints", "delay"),
+    [
+        # graph: killed after step 20, replays from that checkpoint; resident: killed inside the second
+        # stretch, restarts from step 100
+        pytest.param("graph", NPT_GRAPH_STEPS, 10, 2, 0.0, id="graph"),
+        pytest.param("resident", 400, 100, 1, 0.2, id="resident"),
+    ],
+)
+def test_npt_cell_worker_exit_recovers_from_checkpoint(
+    fclient, regression, request, tmp_path, mode, steps, every, checkpoints, delay
+):
     X, y = regression
-    ref, _ = npt_resident_reference
-    trainer = _npt(fclient, "resident", checkpoint_dir=tmp_path, checkpoint_every=100)
+    ref, _ = request.getfixturevalue(f"npt_{mode}_reference")
+    trainer = _npt(fclient, mode, checkpoint_dir=tmp_path, checkpoint_every=every)
 
     def exit_cell():
         victim = trainer.grid_.owner(1, 0)
-        time.sleep(0.2)  # inside the second stretch
+        time.sleep(delay)
         _exit_worker(fclient, victim)
         return victim
 
     victim, seconds = _fault_during(
-        fclient, lambda: trainer.fit(X, y, steps=400), lambda: len(store.list_checkpoints(tmp_path)) >= 1, exit_cell
-    )  # after step 100
-    equal = _equal(_state(trainer), ref)
-    _report(
-        "npt resident targeted os._exit of cell (1, 0)",
+        fclient,
+        lambda: trainer.fit(X, y, steps=steps),
+        lambda: len(store.list_checkpoints(tmp_path)) >= checkpoints,
+        exit_cell,
+    )
+    equal = _report_equal(
+        f"npt {mode} targeted os._exit of cell (1, 0)",
+        _state(trainer),
+        ref,
         kills=1,
         recoveries=trainer.recoveries_,
         seconds=seconds,
-        bit_identical=equal,
     )
     assert trainer.recoveries_ == 1 and victim not in trainer.grid_.workers
     assert equal
@@ -449,22 +448,24 @@ def test_mgrit_chaos_is_bit_identical(fclient, mgrit_data, mgrit_reference, tmp_
     ref, _ = mgrit_reference
     path = tmp_path / "traj.zarr"
     trainer = _mgrit(fclient, store=path)
-    try:
-        with Chaos(fclient, period=2.0, max_kills=3, seed=3, gate=lambda: _mgrit_iteration(path) >= 1) as chaos:
-            _, seconds = _timed(lambda: trainer.fit(X, y, steps=MGRIT_STEPS))
-    finally:
-        _settle(fclient)
-    equal = _equal(_state(trainer), _state(ref))
-    _report(
+
+    def iterated():
+        return _mgrit_iteration(path) >= 1
+
+    kills, seconds = _fit_under_chaos(
+        fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS), period=2.0, max_kills=3, seed=3, gate=iterated
+    )
+    equal = _report_equal(
         "mgrit chaos",
-        kills=len(chaos.killed),
+        _state(trainer),
+        _state(ref),
+        kills=kills,
         period_s=2.0,
         iterations=trainer.n_iter_,
         seconds=seconds,
-        bit_identical=equal,
         same_residuals=trainer.result_.residuals == ref.result_.residuals,
     )
-    assert len(chaos.killed) >= 1, "the chaos must actually kill workers during the run"
+    assert kills >= 1, "the chaos must actually kill workers during the run"
     assert equal and trainer.result_.residuals == ref.result_.residuals
 
 
@@ -533,16 +534,16 @@ def test_mgrit_under_the_killworker_plugin_is_bit_identical(mgrit_data, mgrit_re
     finally:
         client.close()
         cluster.close()
-    equal = _equal(_state(trainer), _state(ref))
-    _report(
+    equal = _report_equal(
         "mgrit KillWorker(mode='segfault') plugin",
+        _state(trainer),
+        _state(ref),
         worker_lifetime_s=delay,
         window_s=window,
         workers=N_WORKERS,
         restarts_seen=seen.restarts,
         iterations=trainer.n_iter_,
         seconds=seconds,
-        bit_identical=equal,
     )
     # kills are random (a run may see none: then it only checks the undisturbed result); restarts are reported
     assert equal and trainer.result_.residuals == ref.result_.residuals
@@ -570,13 +571,13 @@ def test_mgrit_task_worker_exit_is_recomputed(fclient, mgrit_data, mgrit_referen
     _, seconds = _fault_during(
         fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS), lambda: _mgrit_iteration(path) >= 1, exit_task_worker
     )
-    equal = _equal(_state(trainer), _state(ref))
-    _report(
+    equal = _report_equal(
         "mgrit targeted os._exit of a task's worker",
+        _state(trainer),
+        _state(ref),
         kills=1,
         iterations=trainer.n_iter_,
         seconds=seconds,
-        bit_identical=equal,
     )
     assert equal and trainer.result_.residuals == ref.result_.residuals
 
@@ -593,13 +594,13 @@ def test_mgrit_all_workers_killed_at_once_rescatters_and_is_bit_identical(
     kills, seconds = _kill_all_workers_during(
         fclient, lambda: trainer.fit(X, y, steps=MGRIT_STEPS), lambda: _mgrit_iteration(path) >= 1
     )
-    equal = _equal(_state(trainer), _state(ref))
-    _report(
+    equal = _report_equal(
         "mgrit all workers SIGKILLed at once after iteration 1",
+        _state(trainer),
+        _state(ref),
         kills=kills,
         iterations=trainer.n_iter_,
         seconds=seconds,
-        bit_identical=equal,
     )
     assert equal and trainer.result_.residuals == ref.result_.residuals
 
@@ -637,21 +638,23 @@ def test_partition_chaos_is_bit_identical(fclient, regression, partition_referen
     X, y = regression
     ref, _ = partition_reference
     trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
-    try:
-        with Chaos(fclient, period=1.5, max_kills=3, seed=4, gate=lambda: bool(_checkpoint_paths(tmp_path))) as chaos:
-            _, seconds = _timed(lambda: trainer.fit(X, y, steps=PART_STEPS))
-    finally:
-        _settle(fclient)
-    equal = _equal(_part_state(trainer), ref)
-    _report(
+
+    def checkpointed():
+        return bool(_checkpoint_paths(tmp_path))
+
+    kills, seconds = _fit_under_chaos(
+        fclient, lambda: trainer.fit(X, y, steps=PART_STEPS), period=1.5, max_kills=3, seed=4, gate=checkpointed
+    )
+    equal = _report_equal(
         "partition chaos",
-        kills=len(chaos.killed),
+        _part_state(trainer),
+        ref,
+        kills=kills,
         period_s=1.5,
         resumed_from=_resumed_from(trainer),
         seconds=seconds,
-        bit_identical=equal,
     )
-    assert len(chaos.killed) >= 1, "the chaos must actually kill workers during the run"
+    assert kills >= 1, "the chaos must actually kill workers during the run"
     assert equal
 
 
@@ -675,13 +678,13 @@ def test_partition_submodel_worker_exit_resumes_from_its_checkpoint(fclient, reg
         lambda: (sub1 / store.CHECKPOINT_DIR).is_dir() and len(store.list_checkpoints(sub1)) >= 1,
         exit_submodel_worker,
     )
-    equal = _equal(_part_state(trainer), ref)
-    _report(
+    equal = _report_equal(
         "partition targeted os._exit of sub-model 1's worker",
+        _part_state(trainer),
+        ref,
         kills=1,
         resumed_from=_resumed_from(trainer),
         seconds=seconds,
-        bit_identical=equal,
     )
     assert _resumed_from(trainer)[1] > 0, "the rerun sub-model must continue from its last checkpoint"
     assert equal
@@ -701,120 +704,46 @@ def test_partition_all_workers_killed_at_once_resume_from_checkpoints(
         lambda: trainer.fit(X, y, steps=PART_STEPS),
         lambda: all((d / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(d) for d in subs),
     )
-    equal = _equal(_part_state(trainer), ref)
-    _report(
+    equal = _report_equal(
         "partition all workers SIGKILLed at once",
+        _part_state(trainer),
+        ref,
         kills=kills,
         resumed_from=_resumed_from(trainer),
         seconds=seconds,
-        bit_identical=equal,
     )
     assert min(_resumed_from(trainer)) > 0
     assert equal
 
 
 # -- client and scheduler killed: the public resume command --------------------------------------------
-BASE = [sys.executable, "-m", "daskann", "train"]
+def _train_args(method, **options):
+    """``daskann train METHOD`` on linear data, 2 workers, quiet; ``n_samples=400`` adds ``--n-samples 400``."""
+    args = [sys.executable, "-m", "daskann", "train", method, "--dataset", "linear", "--workers", "2", "-q"]
+    for name, value in options.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    return args
+
+
+SMALL_NET = dict(n_samples=400, n_features=7, n_outputs=4, lr="0.05", momentum="0.9", batch_size=20)
 CLI = {
-    "npt": [
-        *BASE,
-        "npt",
-        "--dataset",
-        "linear",
-        "--n-samples",
-        "400",
-        "--n-features",
-        "7",
-        "--n-outputs",
-        "4",
-        "--hidden",
-        "16",
-        "--lr",
-        "0.05",
-        "--momentum",
-        "0.9",
-        "--batch-size",
-        "20",
-        "--steps",
-        "400",
-        "--checkpoint-every",
-        "50",
-        "--workers",
-        "2",
-        "--grid",
-        "1x2",
-        "--mode",
-        "resident",
-        "--timeout",
-        "60",
-        "-q",
-    ],
-    "mgrit": [
-        *BASE,
+    "npt": _train_args(
+        "npt", **SMALL_NET, hidden=16, steps=400, checkpoint_every=50, grid="1x2", mode="resident", timeout=60
+    ),
+    # the solver and optimiser of the worker-fault runs
+    "mgrit": _train_args(
         "mgrit",
-        "--dataset",
-        "linear",
-        "--n-samples",
-        "320",
-        "--n-features",
-        "8",
-        "--n-outputs",
-        "1",
-        "--hidden",
-        "8",
-        "--lr",
-        "1e-4",
-        "--momentum",
-        "0.9",
-        "--batch-size",
-        "16",
-        "--steps",
-        "256",
-        "--levels",
-        "3",
-        "--coarsening",
-        "4",
-        "--tol",
-        "1e-9",
-        "--max-iter",
-        "30",
-        "--intervals-per-task",
-        "16",
-        "--workers",
-        "2",
-        "-q",
-    ],
-    "partition": [
-        *BASE,
-        "partition",
-        "--dataset",
-        "linear",
-        "--n-samples",
-        "400",
-        "--n-features",
-        "7",
-        "--n-outputs",
-        "4",
-        "--hidden",
-        "32,32",
-        "--lr",
-        "0.05",
-        "--momentum",
-        "0.9",
-        "--batch-size",
-        "20",
-        "-k",
-        "2",
-        "--sub-steps",
-        "2000",
-        "--steps",
-        "100",
-        "--checkpoint-every",
-        "250",
-        "--workers",
-        "2",
-        "-q",
-    ],
+        n_samples=320,
+        n_features=8,
+        n_outputs=1,
+        hidden=8,
+        steps=MGRIT_STEPS,
+        coarsening=MGRIT_KW["cfactor"],
+        **{k: MGRIT_KW[k] for k in ("lr", "momentum", "batch_size", "levels", "tol", "max_iter", "intervals_per_task")},
+    ),
+    "partition": _train_args(
+        "partition", **SMALL_NET, hidden="32,32", k=2, sub_steps=2000, steps=100, checkpoint_every=250
+    ),
 }
 
 
@@ -898,15 +827,15 @@ def test_client_and_scheduler_killed_resume_bit_identical(method, tmp_path, tmp_
     assert resumed.returncode == 0, resumed.stderr
     seconds = round(time.monotonic() - t0, 1)
     final, step = _final(out)
-    equal = _equal(final, ref)
-    _report(
+    equal = _report_equal(
         f"{method} CLI process group SIGKILLed, then --resume",
+        final,
+        ref,
         kills=1,
         committed_before_kill=committed,
         seconds=seconds,
         straight_seconds=ref_seconds,
         final_step=step,
-        bit_identical=equal,
     )
     assert step == ref_step and equal
     report = store.verify_path(out)

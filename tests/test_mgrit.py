@@ -550,6 +550,24 @@ def test_work_model_on_a_known_graph():
     assert workmodel.speedup(12, [5.0]) == 2.0
 
 
+def test_tasks_are_handed_chunks_not_their_neighbours_whole_output(client2, tmp_path):
+    from daskann.mgrit._executors import _piece
+
+    prop = linear.LinearPropagator.random_stable(5, seed=1)
+    u0 = (np.ones(5),)
+    kwargs = dict(levels=3, cfactor=4, tol=1e-13, max_iter=40, intervals_per_task=2)
+    ref = MGRIT(prop, u0, 64, scheduler=None, **kwargs).solve()
+    got = MGRIT(prop, u0, 64, scheduler=client2, store=tmp_path / "run.zarr", run_id="r", **kwargs).solve()
+    assert got.residuals == ref.residuals and np.array_equal(got.state[0], ref.state[0])
+    # a piece is the rows of one chunk (here 2 intervals: 2 C-values, or 8 points), as views of the writer's rows
+    rows = np.arange(30.0).reshape(6, 5)
+    result = {"ok": True, "blocks": [("c0", (1,), 4, 3, rows), ("c0", (2,), 4, 3, rows), ("u1", (), 4, 3, rows)]}
+    piece = _piece(result, "c0", (1,), 2, 6)
+    assert [(b[0], b[1], b[2]) for b in piece["blocks"]] == [("c0", (1,), 4)]
+    assert np.shares_memory(piece["blocks"][0][4], rows) and np.array_equal(piece["blocks"][0][4], rows[:2])
+    assert _piece({"ok": False, "level": 0}, "c0", (1,), 2, 6) == {"ok": False, "skipped": True}
+
+
 def test_training_data_travels_once_not_with_every_task(client2, monkeypatch):
     X, y, net, prop = _problem(n_samples=4096, lr=1e-3)
     graphs = []
@@ -661,6 +679,26 @@ def test_bench_command_small(tmp_path):
     assert report["machine"]["blas"] is not None
     assert (tmp_path / "mgrit-iterations.png").stat().st_size > 1000
     assert (tmp_path / "mgrit-residuals.png").stat().st_size > 1000
+
+
+def test_bench_efficiency_reports_both_efficiencies(tmp_path, client2):
+    from daskann.mgrit.cli import bench_command
+
+    args = ["--efficiency", "8-16-3", "--wall-steps", "32", "--repeats", "1", "--coarsest", "4"]
+    args += ["--address", client2.scheduler.address, "--output", str(tmp_path), "--json"]
+    out = CliRunner().invoke(bench_command, args)
+    assert out.exit_code == 0, out.output
+    (rec,) = json.loads((tmp_path / "mgrit-efficiency.json").read_text())["efficiency"]
+    assert rec["sizes"] == [8, 16, 3] and rec["workers"] == 2 and rec["bit_identical"] is True
+    # the figures they are made of are in the record, so anyone can recompute them
+    assert rec["work_model_efficiency"] == pytest.approx(
+        rec["work_units"] * rec["serial_step_seconds"] / rec["inprocess_solve_seconds"]
+    )
+    assert rec["parallel_efficiency"] == pytest.approx(
+        rec["inprocess_solve_seconds"] / (2 * rec["cluster_solve_seconds"])
+    )
+    bad = CliRunner().invoke(bench_command, ["--efficiency", "8-x-3", "--output", str(tmp_path)])
+    assert bad.exit_code != 0 and "efficiency" in bad.output
 
 
 def test_demo_quick(client2):

@@ -130,6 +130,10 @@ def test_converged_run_records_one_attempt():
     assert trainer.result_.ended == "converged" and trainer.result_.converged
     assert [a.outcome for a in trainer.result_.adaptations] == ["converged"]
     assert _rel(trainer, serial) < 1e-9
+    # the converged attempt's task graphs stay, so the work model can be scheduled on a few workers
+    result = trainer.result_
+    assert len(result.graphs) == result.iterations
+    assert result.speedup(1) < result.speedup(4) <= result.speedup()
 
 
 def test_unstable_serial_training_still_raises():

@@ -10,11 +10,14 @@ from click.testing import CliRunner
 
 from daskann.plan import ClusterSpec, Network, cluster_from_dict, load_cluster, plan, write_cluster
 from daskann.plan._model import (
+    mgrit_iteration_seconds,
     partition_seconds,
+    placed_makespan,
     predict_mgrit,
     predict_npt,
     predict_partition,
     serial_step_seconds,
+    step_elements,
 )
 from daskann.plan.cli import plan_command
 
@@ -34,6 +37,63 @@ def test_serial_step_is_flops_over_rate():
     assert serial_step_seconds(NET.sizes, NET.batch_size, SYNTHETIC) == pytest.approx(42e-6)
     with_overheads = ClusterSpec(**{**SYNTHETIC.__dict__, "gemm_overhead": 1e-6, "layer_overhead": 1e-5})
     assert serial_step_seconds(NET.sizes, 10, with_overheads) == pytest.approx(42e-6 + 9e-6 + 3e-5)
+
+
+def test_trainer_costs_in_the_serial_step():
+    # numbers touched: 10 rows of 10 + 20 + 20 + 5 activations and 745 parameters
+    assert step_elements(NET.sizes, 10) == 10 * 55 + 745
+    costs = ClusterSpec(**{**SYNTHETIC.__dict__, "element_time": 1e-9, "step_overhead": 2e-5})
+    assert serial_step_seconds(NET.sizes, 10, costs) == pytest.approx(42e-6 + 1295e-9 + 2e-5, rel=1e-12)
+
+
+def test_partition_fit_and_run_overheads_exact():
+    # each sub-model task and the fine-tuning start a trainer; a measured own cost of the run replaces
+    # the built one (a task overhead and two messages per wave)
+    costs = ClusterSpec(**{**SYNTHETIC.__dict__, "fit_overhead": 3e-3, "partition_overhead": 0.05})
+    for p in (1, 2):
+        waves = 2 // p
+        extra = waves * 3e-3 + 3e-3 + 0.05 - waves * (0.01 + 2 * 0.001)
+        assert partition_seconds(NET, costs, p, 2, 0.25) == pytest.approx(
+            partition_seconds(NET, SYNTHETIC, p, 2, 0.25) + extra, rel=1e-12
+        )
+
+
+class _Task:
+    def __init__(self, key, cost, deps=()):
+        self.key, self.cost, self.deps = key, cost, tuple(deps)
+
+
+def test_placed_schedule_keeps_tasks_with_their_inputs():
+    # four tasks reading one result run where it is, one after the other: dask moves tasks to data
+    fan = [_Task("a", 1.0), *(_Task(f"b{i}", 2.0, ["a"]) for i in range(4))]
+    assert placed_makespan(fan, 2) == 9.0
+    # tasks without inputs spread; a task reading results of both workers runs on the one free first
+    spread = [_Task("x", 1.0), _Task("y", 3.0), _Task("z", 1.0, ["x", "y"]), _Task("w", 1.0)]
+    assert placed_makespan(spread, 2) == 4.0
+    assert placed_makespan(spread, 1) == 6.0
+
+
+def test_mgrit_measured_task_cost_replaces_the_built_one():
+    config = {"preset": "solver2", "levels": 2, "cfactor": 4}
+    built = mgrit_iteration_seconds(NET, SYNTHETIC, 2, config)
+    measured = ClusterSpec(**{**SYNTHETIC.__dict__, "mgrit_task_overhead": 0.05})
+    slower = ClusterSpec(**{**SYNTHETIC.__dict__, "mgrit_task_overhead": 0.1})
+    first, later = mgrit_iteration_seconds(NET, measured, 2, config)
+    assert first > later > built[1]
+    assert mgrit_iteration_seconds(NET, slower, 2, config)[1] > later
+    # one worker runs every task in a row: slower than two, however the tasks are placed
+    assert mgrit_iteration_seconds(NET, measured, 1, config)[1] > later
+
+
+def test_pilots_train_the_planned_net_unless_it_is_large():
+    from daskann.plan._cluster import _pilot_net
+
+    small = Network((16, 8, 2), 8, 100, n_samples=64)
+    net, X, y, settings = _pilot_net(small, 64, SYNTHETIC, runs=12)
+    assert net.sizes == small.sizes and net.steps == 64 and X.shape == (64, 16) and y.shape == (64, 2)
+    # a step of seconds would make the pilot a training run: its costs are arithmetic, measured apart
+    large = Network((1024, 4096, 4096, 10), 128, 100)
+    assert _pilot_net(large, 64, SYNTHETIC, runs=12)[0].sizes == (8, 8, 2)
 
 
 def test_partition_exact_on_synthetic_cluster():
@@ -93,6 +153,9 @@ def test_mpi_like_npt_optimum_grows_with_the_net():
 def test_cluster_file_round_trip(tmp_path):
     path = write_cluster(SYNTHETIC, tmp_path / "mine.yaml")
     assert load_cluster(path).to_dict() == SYNTHETIC.to_dict()
+    measured = ClusterSpec(**{**SYNTHETIC.__dict__, "mgrit_task_overhead": 0.012, "fit_overhead": 0.003})
+    path = write_cluster(measured, tmp_path / "measured.yaml")
+    assert load_cluster(path).to_dict() == measured.to_dict()
 
 
 @pytest.mark.parametrize(
@@ -105,6 +168,10 @@ def test_cluster_file_round_trip(tmp_path):
         ("workers: [1.5]\nflop_rate: 1e9\nlatency: 1e-3\nbandwidth: 1e8\ntask_overhead: 0\n", "workers"),
         ("flop_rate: 1e9\nlatency: 1e-3\nbandwidth: 1e8\ntask_overhead: 0\n", "workers"),
         ("workers: [1]\nflop_rate: 1e9\nlatency: 1e-3\nbandwidth: abc\ntask_overhead: 0\n", "bandwidth"),
+        (
+            "workers: [1]\nflop_rate: 1e9\nlatency: 1e-3\nbandwidth: 1e8\ntask_overhead: 0\nmgrit_task_overhead: -1\n",
+            "mgrit_task_overhead",
+        ),
     ],
 )
 def test_bad_cluster_file_names_the_key_and_runs_nothing(tmp_path, text, named):
@@ -181,6 +248,9 @@ def test_measure_writes_a_file_cluster_reads(client2, tmp_path):
     assert out.exit_code == 0, out.output
     measured = load_cluster(path)
     assert measured.workers == (1, 2) and measured.flop_rate > 1e7 and measured.task_overhead > 0
+    # real tasks and fits, timed on the cluster
+    assert measured.mgrit_task_overhead > 0 and measured.fit_overhead > 0
+    assert measured.partition_overhead >= 0 and measured.step_overhead >= 0 and measured.element_time >= 0
     out = CliRunner().invoke(plan_command, ["--method", "npt", "--cluster", str(path), "--json"])
     assert out.exit_code == 0 and len(json.loads(out.output)["predictions"]) == 2
 

@@ -230,7 +230,9 @@ def combined_result(
     lists = series(records)
     base = {} if template is None else {k: getattr(template, k) for k in template.__dataclass_fields__}
     base.update(lists)
-    base.update(iterations=len(records), state=state, graphs=[], **fields)
+    # a converged attempt's graphs are those of the last iterations; earlier ones count by their critical path
+    graphs = list(template.graphs) if template is not None and fields.get("ended") in ("converged", "adapted") else []
+    base.update(iterations=len(records), state=state, graphs=graphs, **fields)
     return MGRITResult(**base)
 
 

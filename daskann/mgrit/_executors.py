@@ -6,16 +6,21 @@ not depend on where they run or on the number of workers.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from concurrent.futures import CancelledError
 
 import dask
+import numpy as np
 from distributed import Client
 
 from daskann import config
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
+
+#: seconds one broadcast of the context may take before it is tried again
+BROADCAST_TIMEOUT = 90.0
 
 
 class InProcessExecutor:
@@ -84,12 +89,31 @@ class DaskExecutor:
                         raise
                     self._context = self._broadcast()
         else:
-            graph = {t.key: (t.func, t.spec, self.store, self._context, *t.deps) for t in tasks}
+            graph = _graph(tasks, self.store, self._context)
+            wanted = [_summary_key(k) for k in keys]
             if self.name == "threads":
-                values = dask.threaded.get(graph, keys, num_workers=self.num_workers)
+                values = dask.threaded.get(graph, wanted, num_workers=self.num_workers)
             else:
-                values = dask.get(graph, keys)
+                values = dask.get(graph, wanted)
         return dict(zip(keys, values, strict=True))
+
+    def measure(self, rounds: int = 4) -> dict:
+        """Measured costs that size the tasks: one fine step on a worker, and the scheduler's per-task cost.
+
+        The per-task cost is the latency of a chain of empty tasks (each waits
+        for the one before, as the tasks of successive sweeps do).
+        """
+        client, prefix = self.scheduler, f"mgrit-measure-{uuid.uuid4().hex[:12]}"
+        step = client.submit(_time_step, self._context, rounds, key=f"{prefix}-step", pure=False)
+        step_seconds = step.result(timeout=self.timeout)
+        t0 = time.perf_counter()
+        future = None
+        for i in range(rounds):
+            future = client.submit(_noop, future, key=f"{prefix}-noop-{i}", pure=False)
+        future.result(timeout=self.timeout)
+        task_seconds = (time.perf_counter() - t0) / rounds
+        workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        return {"step_seconds": step_seconds, "task_seconds": task_seconds, "workers": workers}
 
     def _broadcast(self):
         """Scatter the context to every worker, again if a worker died during the broadcast."""
@@ -97,7 +121,9 @@ class DaskExecutor:
             try:
                 if is_dask_array(getattr(self._raw_context.propagator, "X", None)):
                     return self._broadcast_read(attempt)
-                return self.scheduler.scatter(self._raw_context, broadcast=True, hash=False)
+                # bounded: a replication that lost the worker it was sending to can otherwise wait forever
+                timeout = min(self.timeout, BROADCAST_TIMEOUT)
+                return self.scheduler.scatter(self._raw_context, broadcast=True, hash=False, timeout=timeout)
             except (KeyError, OSError) as exc:  # the scheduler's replication lost a worker it was sending to
                 if attempt + 1 == attempts:
                     raise RuntimeError(
@@ -121,8 +147,8 @@ class DaskExecutor:
         def name(key):  # a rerun uses new keys: the cancelled ones may still be forgotten by the scheduler
             return key if attempt == 0 else f"{key}-retry{attempt}"
 
-        graph = {name(t.key): (t.func, t.spec, self.store, self._context, *map(name, t.deps)) for t in tasks}
-        keys = [name(t.key) for t in tasks]
+        graph = _graph(tasks, self.store, self._context, name)
+        keys = [_summary_key(name(t.key)) for t in tasks]
         futures = self.scheduler.get(graph, keys, sync=False)
         deadline = time.monotonic() + self.timeout
         values = []
@@ -147,6 +173,72 @@ class DaskExecutor:
             except Exception:  # the cluster may already be gone
                 pass
             self._context = None
+
+
+def _time_step(context, rounds: int) -> float:
+    """Seconds of one fine step on this worker (the fastest of ``rounds``, after a first)."""
+    x = context.u0
+    with np.errstate(all="ignore"):
+        out = context.phi(x, 0, 0)
+        best = math.inf
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            context.phi(x, 0, 0, out=out)
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _noop(_previous) -> None:
+    return None
+
+
+def _graph(tasks, store, context, name=lambda key: key) -> dict:
+    """Each task, handed its dependencies' results, and a small summary of it for the client.
+
+    The client asks for the summaries only: the rows a task computes go from
+    worker to worker (to the tasks that read them) and are released once read.
+    A task is handed each chunk it reads as a piece of its writer's result of
+    its own (a small task beside the writer), so a task that needs one
+    boundary row of its neighbour receives that row's chunk, not the
+    neighbour's whole output, and data locality does not pin the next sweep
+    to the worker that ran the last one.
+    """
+    graph = {}
+    for t in tasks:
+        key = name(t.key)
+        pieces = []
+        for writer, (array, lead, lo, hi) in t.pieces:
+            piece = _piece_key(name(writer), array, lead, lo)
+            graph.setdefault(piece, (_piece, name(writer), array, lead, lo, hi))
+            pieces.append(piece)
+        graph[key] = (t.func, t.spec, store, context, *pieces)
+        graph[_summary_key(key)] = (_summary, key)
+    return graph
+
+
+def _piece_key(writer: str, array: str, lead: tuple, lo: int) -> str:
+    return f"{writer}-{array}-{'-'.join(map(str, lead))}-r{lo}"
+
+
+def _piece(result: dict, array: str, lead: tuple, lo: int, hi: int) -> dict:
+    """Rows ``lo .. hi - 1`` of ``array`` (leading indices ``lead``) from a task's result, as views."""
+    if not result.get("ok", True):
+        return {"ok": False, "skipped": True}
+    blocks = []
+    for name, block_lead, first, rank, values in result.get("blocks", ()):
+        a, b = max(lo, first), min(hi, first + len(values))
+        if name == array and tuple(block_lead) == tuple(lead) and a < b:
+            blocks.append((name, block_lead, a, rank, values[a - first : b - first]))
+    return {"ok": True, "blocks": blocks}
+
+
+def _summary_key(key: str) -> str:
+    return f"{key}-summary"
+
+
+def _summary(result: dict) -> dict:
+    """A task's result without the rows it computed."""
+    return {k: v for k, v in result.items() if k != "blocks"}
 
 
 def _with_data(context, X, y):

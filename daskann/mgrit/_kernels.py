@@ -1,11 +1,23 @@
 """The work of one task: relaxation sweeps over a block of intervals, and the coarsest solve.
 
 These functions run on workers (or in-process) and touch the trajectory only
-through a store object with ``read(name, index)`` and ``write(name, index,
-value)``. Every value a task computes is checked (layout and finiteness)
-before anything is written: a failing task writes nothing and returns a
-record naming the level and the fine step, so the store keeps its last
-consistent state.
+through a store object with ``read(name, index)``, ``buffer(name, index,
+shape)`` and ``write(name, index, value)``. States are flat contiguous
+vectors, stepped in place or straight into the rows that keep them: one copy
+per step at most, and no stacking. Every value a task computes is checked
+(layout and finiteness); a failing task returns a record naming the level
+and the fine step, and never touches the C-values an iteration was committed
+from, so the store keeps its last consistent state.
+
+Where the rows live: in-process, tasks compute into the numpy arrays of
+:class:`~daskann.mgrit._store.MemoryTrajectory` (one task at a time). On
+dask's schedulers a task hands the rows it computes to the tasks that read
+them, in memory, as part of its result (:class:`TaskStore`); only the final
+sweep of an iteration writes to the zarr store, whole chunks once it has
+checked them: the committed C-points of level 0 and their C-relaxed copy
+(and ``v1``/``g1`` when it restricts, ``u0`` when fine points are kept),
+which is what the next iteration and a resumed run start from. A worker lost
+in an iteration costs the recomputation of what it held, from those C-points.
 
 Arrays of the trajectory store (``P`` = state size, ``K_l`` = C-points of
 level ``l`` after point 0, ``N_l`` = points of level ``l`` after point 0):
@@ -27,12 +39,14 @@ level ``l`` after point 0, ``N_l`` = points of level ``l`` after point 0):
     other); row ``q`` is written by the task owning interval ``q`` of level
     ``l - 1``.
 
-Chunks along time hold whole blocks of intervals (the intervals one task
-relaxes), so every task writes whole chunks that no other task writes.
+Chunks along time hold whole blocks of intervals (a function of the
+hierarchy only); a task relaxes one or more whole chunks, so no two tasks
+write one chunk.
 """
 
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass
 
@@ -40,7 +54,12 @@ import numpy as np
 
 from daskann.exceptions import DaskannError
 
-SLOTS = 4
+#: C-value slots per level: a sweep reads one and writes others; the final sweep of an iteration also avoids
+#: the slot the iteration started from, which a recomputed task may read again
+SLOTS = 5
+#: arrays a task finds in the zarr store when no task of its iteration wrote them (an earlier iteration's
+#: final sweep, or the set-up); every other array is handed from task to task in memory
+PERSISTED = frozenset({"init", "last", "c0", "v1", "g1", "u0"})
 
 
 class StepFailed(DaskannError):
@@ -87,6 +106,13 @@ class SweepSpec:
     gen_next : int
         Generation of ``v{l+1}`` the correction reads (and the restriction
         does not write).
+    persist : bool
+        Write to the zarr store (the final sweep: what the next iteration and
+        a resumed run start from); otherwise the rows go to the dependent
+        tasks in memory.
+    order : int
+        Position in the iteration's submission order (the latest writer of a
+        chunk wins).
     """
 
     level: int
@@ -103,6 +129,8 @@ class SweepSpec:
     weight: float
     gen: int = 0
     gen_next: int = 0
+    persist: bool = False
+    order: int = 0
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,8 @@ class CoarseSpec:
     level: int
     rhs: bool
     gen: int = 0
+    persist: bool = False
+    order: int = 0
 
 
 class Context:
@@ -126,22 +156,42 @@ class Context:
         self.u0 = u0
         # a propagator may step the flat vector itself (returning None where it does not)
         self._flat = getattr(propagator, "step_flat", None)
+        self._flat_out = self._flat is not None and "out" in inspect.signature(self._flat).parameters
 
-    def phi(self, x: np.ndarray, level: int, point: int, rhs: np.ndarray | None = None) -> np.ndarray:
-        """``Phi_level(x) + rhs`` from ``point``; checked, as a new flat vector."""
+    def phi(
+        self, x: np.ndarray, level: int, point: int, rhs: np.ndarray | None = None, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """``Phi_level(x) + rhs`` from ``point``; checked, as a flat vector.
+
+        ``out`` (which may be ``x`` itself) receives the result, so a sweep
+        steps a state in place or straight into the row of the store that
+        keeps it; without it a new vector is returned.
+        """
         span = self.hierarchy.span(level)
         start = point * span
         # callers hold np.errstate(all="ignore"): overflow shows up as NaN/Inf, checked below
-        y = self._flat(x, start, start + span, level) if self._flat is not None else None
+        y = None
+        if self._flat is not None:
+            extra = {"out": out} if self._flat_out else {}
+            y = self._flat(x, start, start + span, level, **extra)
         if y is None:
-            out = self.propagator.step(self.layout.unpack(x), start, start + span, level)
-            self.layout.check(out, level=level, step=start)
-            y = self.layout.pack(out)
+            result = self.propagator.step(self.layout.unpack(x), start, start + span, level)
+            self.layout.check(result, level=level, step=start)
+            y = self.layout.pack(result, out=out)
+        elif out is not None and y is not out:
+            out[...] = y
+            y = out
         if rhs is not None:
             y += rhs
-        if not np.isfinite(y).all():
+        if not finite(y):
             raise StepFailed(level, start + span, "the state became NaN or Inf")
         return y
+
+
+def finite(y: np.ndarray) -> bool:
+    """Are all entries finite? One pass and no temporary for the usual finite state
+    (NaN and Inf propagate into ``y @ y``; an overflowing square is checked entry by entry)."""
+    return bool(np.isfinite(y @ y)) or bool(np.isfinite(y).all())
 
 
 def _failed(deps) -> bool:
@@ -151,16 +201,15 @@ def _failed(deps) -> bool:
 SKIPPED = {"ok": False, "skipped": True}
 
 
-def _cvalues(store, ctx: Context, spec: SweepSpec, first: int, last: int) -> np.ndarray:
+def _cvalues(store, ctx: Context, spec: SweepSpec, first: int, last: int) -> list[np.ndarray]:
     """Values of C-points ``first .. last`` of the sweep's level, with the pending correction.
 
-    One read per array: a block's rows lie in one or two chunks.
+    One read per array: a block's rows lie in one or two chunks. The rows may
+    be read-only views of the store: a sweep never writes what it reads.
     """
     level = spec.level
-    out = np.empty((last - first + 1, ctx.layout.size), dtype=ctx.layout.dtype)
     lo = max(first, 1)
-    if first == 0:
-        out[0] = ctx.u0
+    out = [ctx.u0] if first == 0 else []
     if last < lo:
         return out
     kind = spec.source[0]
@@ -181,8 +230,80 @@ def _cvalues(store, ctx: Context, spec: SweepSpec, first: int, last: int) -> np.
         if bad.any():
             q = lo + int(np.argmax(bad))
             raise StepFailed(level, q * ctx.hierarchy.span(level + 1), "the corrected state became NaN or Inf")
-    out[lo - first :] = values
-    return out
+    return out + list(values)
+
+
+def _rows(index) -> tuple[tuple, range]:
+    """``index`` as (leading indices, rows): ``slice`` or ``(slot, slice)``."""
+    if isinstance(index, tuple):
+        *lead, rows = index
+    else:
+        lead, rows = [], index
+    return tuple(lead), range(rows.start or 0, rows.stop, rows.step or 1)
+
+
+class TaskStore:
+    """What a dask task reads and writes: its dependencies' rows in memory, the zarr store for the rest.
+
+    Rows a task computes travel to the tasks that read them as part of its
+    result, so only the final sweep of an iteration writes to zarr (its
+    C-points: what the next iteration and a resumed run start from). A row
+    no dependency holds was written by an earlier iteration (or the set-up)
+    and is read from zarr (:data:`PERSISTED`).
+
+    Parameters
+    ----------
+    backing : ZarrTrajectory
+    deps : sequence of dict
+        The results of the task's dependencies (their ``"blocks"``).
+    persist : bool
+        Writes go to ``backing``; otherwise they are kept for the result.
+    order : int
+        The task's position in its iteration.
+    dtype : numpy.dtype
+        Of the states.
+    """
+
+    def __init__(self, backing, deps, *, persist: bool, order: int, dtype):
+        self.backing, self.persist, self.order, self.dtype = backing, persist, order, dtype
+        self.found: dict[tuple, list] = {}
+        for dep in deps:
+            for block in dep.get("blocks", ()) if dep is not None else ():
+                name, lead, first, rank, array = block
+                self.found.setdefault((name, lead), []).append((rank, first, array))
+        for blocks in self.found.values():
+            blocks.sort(key=lambda b: -b[0])  # the latest writer of a row first
+        self.blocks: list[tuple] = []
+
+    def _locate(self, name: str, lead: tuple, row: int):
+        for _rank, first, array in self.found.get((name, lead), ()):
+            if first <= row < first + len(array):
+                return array, row - first
+        return None, None
+
+    def read(self, name: str, index) -> np.ndarray:
+        lead, rows = _rows(index)
+        parts = [self._locate(name, lead, r) for r in rows]
+        if all(a is None for a, _ in parts):
+            if name not in PERSISTED:
+                raise AssertionError(f"rows {index} of {name!r}: no dependency computed them")
+            return self.backing.read(name, index)
+        if any(a is None for a, _ in parts):
+            raise AssertionError(f"rows {index} of {name!r}: only some were computed by a dependency")
+        first, i0 = parts[0]
+        if rows.step == 1 and all(a is first and i == i0 + k for k, (a, i) in enumerate(parts)):
+            return first[i0 : i0 + len(parts)]  # one block holds them all: a view
+        return np.stack([a[i] for a, i in parts])
+
+    def buffer(self, name: str, index, shape) -> np.ndarray:
+        return np.empty(shape, dtype=self.dtype)
+
+    def write(self, name: str, index, value) -> None:
+        if self.persist:
+            self.backing.write(name, index, value)
+            return
+        lead, rows = _rows(index)
+        self.blocks.append((name, lead, rows.start, self.order, value))
 
 
 class _Timed:
@@ -205,13 +326,31 @@ class _Timed:
         finally:
             self.seconds += time.perf_counter() - t0
 
+    def buffer(self, name, index, shape):
+        return self.store.buffer(name, index, shape)
+
+
+def _task_store(store, spec, ctx: Context, deps):
+    """The store a task works on: the in-process arrays themselves, or a :class:`TaskStore`."""
+    if getattr(store, "in_place", False):
+        return store
+    return TaskStore(store, deps, persist=spec.persist, order=spec.order, dtype=ctx.layout.dtype)
+
+
+def _done(result: dict, store) -> dict:
+    """The task's result, with the rows it computed for its dependants."""
+    blocks = getattr(store.store, "blocks", None)
+    if blocks:
+        result["blocks"] = blocks
+    return result
+
 
 def run_sweep(spec: SweepSpec, store, ctx: Context, *deps) -> dict:
     """Relax intervals ``q0 .. q1 - 1`` of one level; see :class:`SweepSpec`."""
     if _failed(deps):
         return SKIPPED
-    t0 = time.perf_counter()
-    timed = _Timed(store)
+    t0, cpu0 = time.perf_counter(), time.thread_time()
+    timed = _Timed(_task_store(store, spec, ctx, deps))
     try:
         with np.errstate(all="ignore"):
             writes, residuals, last = _sweep_block(spec, timed, ctx)
@@ -219,13 +358,34 @@ def run_sweep(spec: SweepSpec, store, ctx: Context, *deps) -> dict:
         return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what}
     for name, index, value in writes:
         timed.write(name, index, value)
-    return {
+    result = {
         "ok": True,
         "residuals": residuals,
         "last": last,
         "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.thread_time() - cpu0,
         "io_seconds": timed.seconds,
     }
+    return _done(result, timed)
+
+
+class _Block:
+    """The output rows of one task, allocated once: the store's own rows in-process, private buffers otherwise.
+
+    Each array a task writes is one buffer of whole chunks
+    (:meth:`MemoryTrajectory.buffer`, :meth:`ZarrTrajectory.buffer`); states
+    are computed straight into its rows, so nothing is stacked or copied
+    again before the write.
+    """
+
+    def __init__(self, store, size: int):
+        self.store, self.size = store, size
+        self.arrays: list[tuple[str, tuple, np.ndarray]] = []
+
+    def add(self, name: str, index, rows: int) -> np.ndarray:
+        buf = self.store.buffer(name, index, (rows, self.size))
+        self.arrays.append((name, index, buf))
+        return buf
 
 
 def _sweep_block(spec: SweepSpec, store, ctx: Context):
@@ -236,83 +396,96 @@ def _sweep_block(spec: SweepSpec, store, ctx: Context):
     n_c = hier.n_cpoints(level)
     q0, q1 = spec.q0, spec.q1
     c_last = min(q1, n_c)
+    n_new = c_last - q0  # C-points this block owns
     cvals = _cvalues(store, ctx, spec, q0, c_last)
     row0, row1 = q0 * m, min(q1 * m, n_points)  # rows of u{level} and g{level} in this block
     g = store.read(f"g{level}", (spec.gen, slice(row0, row1))) if spec.rhs else None
-    new_c, fused, v_next, g_next, rows, residuals = [], [], [], [], [], []
+    block = _Block(store, ctx.layout.size)
+    new_c = block.add(f"c{level}", (spec.dst, slice(q0, c_last)), n_new) if n_new > 0 else None
+    fused = None
+    if n_new > 0 and spec.fuse_c is not None:
+        fused = block.add(f"c{level}", (spec.fuse_c, slice(q0, c_last)), n_new)
+    v_next = g_next = None
+    if spec.restrict and spec.mode == "R" and n_new > 0:
+        gen = 1 - spec.gen_next
+        v_next = block.add(f"v{level + 1}", (gen, slice(q0, c_last)), n_new)
+        g_next = block.add(f"g{level + 1}", (gen, slice(q0, c_last)), n_new)
+    u = block.add(f"u{level}", slice(row0, row1), row1 - row0) if spec.store_u and row1 > row0 else None
+    work = np.empty(ctx.layout.size, dtype=ctx.layout.dtype)  # the running state when no row keeps it
+    residuals, x = [], None
     for q in range(q0, q1):
         points = hier.interval_points(level, q)
         has_c = q < n_c
         start = cvals[q - q0]
         x = start
         for p in points[: len(points) - 1] if has_c else points:
-            x = ctx.phi(x, level, p - 1, None if g is None else g[p - 1 - row0])
-            rows.append(x)
+            rhs = None if g is None else g[p - 1 - row0]
+            x = ctx.phi(x, level, p - 1, rhs, out=work if u is None else u[p - 1 - row0])
         if not has_c:
             continue
-        p = points[-1]
-        a = ctx.phi(x, level, p - 1, None if g is None else g[p - 1 - row0])
+        p, j = points[-1], q - q0
+        rhs = None if g is None else g[p - 1 - row0]
         old = cvals[q + 1 - q0]
         if spec.mode == "C":
-            new = a if spec.weight == 1.0 else spec.weight * a + (1.0 - spec.weight) * old
-            if not np.isfinite(new).all():
-                raise StepFailed(level, p * hier.span(level), "the relaxed state became NaN or Inf")
-            new_c.append(new)
-            rows.append(new)
+            if spec.weight == 1.0:
+                new = ctx.phi(x, level, p - 1, rhs, out=new_c[j])
+            else:
+                a = ctx.phi(x, level, p - 1, rhs, out=work)
+                new = np.multiply(spec.weight, a, out=new_c[j])
+                new += (1.0 - spec.weight) * old
+                if not finite(new):
+                    raise StepFailed(level, p * hier.span(level), "the relaxed state became NaN or Inf")
+            if u is not None:
+                u[p - 1 - row0] = new
             continue
-        new_c.append(old)
-        rows.append(old)
+        new_c[j] = old
+        if u is not None:
+            u[p - 1 - row0] = old
         if spec.mode != "R":
             continue
-        r = a - old
+        a = ctx.phi(x, level, p - 1, rhs, out=fused[j] if fused is not None and spec.weight == 1.0 else work)
+        if fused is not None and spec.weight != 1.0:
+            np.multiply(spec.weight, a, out=fused[j])
+            fused[j] += (1.0 - spec.weight) * old
+        r = np.subtract(a, old, out=work if a is not work else a)
         residuals.append(float(np.linalg.norm(r)))
-        if spec.fuse_c is not None:
-            fused.append(a if spec.weight == 1.0 else spec.weight * a + (1.0 - spec.weight) * old)
-        if spec.restrict:
+        if v_next is not None:
             # FAS: g_{l+1} = r + v_{l+1} - Phi_{l+1}(v_{l+1}) at coarse point q + 1
-            rhs = (r + old) - ctx.phi(start, level + 1, q)
-            if not np.isfinite(rhs).all():
+            rhs_next = np.add(r, old, out=g_next[j])
+            rhs_next -= ctx.phi(start, level + 1, q, out=work)
+            if not finite(rhs_next):
                 raise StepFailed(level + 1, p * hier.span(level), "the FAS right-hand side became NaN or Inf")
-            v_next.append(old)
-            g_next.append(rhs)
-    writes = []
-    if new_c:
-        writes.append((f"c{level}", (spec.dst, slice(q0, c_last)), np.stack(new_c)))
-    if fused:
-        writes.append((f"c{level}", (spec.fuse_c, slice(q0, c_last)), np.stack(fused)))
-    if v_next:
-        gen = 1 - spec.gen_next
-        writes.append((f"v{level + 1}", (gen, slice(q0, c_last)), np.stack(v_next)))
-        writes.append((f"g{level + 1}", (gen, slice(q0, c_last)), np.stack(g_next)))
-    if spec.store_u and rows:
-        writes.append((f"u{level}", slice(row0, row1), np.stack(rows)))
-    last = rows[-1] if row1 == n_points and rows else None
-    return writes, residuals, last
+            v_next[j] = old
+    last = None
+    if row1 == n_points and row1 > row0:
+        last = np.array(u[-1] if u is not None else (x if not hier.has_cpoint(level, q1 - 1) else new_c[-1]))
+    return block.arrays, residuals, last
 
 
 def run_coarse(spec: CoarseSpec, store, ctx: Context, *deps) -> dict:
     """Sequential forward solve ``u_p = g_p + Phi(u_{p-1})`` on the coarsest level."""
     if _failed(deps):
         return SKIPPED
-    t0 = time.perf_counter()
-    store = _Timed(store)
+    t0, cpu0 = time.perf_counter(), time.thread_time()
+    store = _Timed(_task_store(store, spec, ctx, deps))
     level = spec.level
     n = ctx.hierarchy.n_points(level)
     g = store.read(f"g{level}", (spec.gen, slice(0, n))) if spec.rhs else None
     x = ctx.u0
-    out = np.empty((n, x.size), dtype=x.dtype)
+    out = store.buffer(f"u{level}", slice(0, n), (n, x.size))
     try:
         with np.errstate(all="ignore"):
             for p in range(1, n + 1):
-                x = ctx.phi(x, level, p - 1, None if g is None else g[p - 1])
-                out[p - 1] = x
+                x = ctx.phi(x, level, p - 1, None if g is None else g[p - 1], out=out[p - 1])
     except StepFailed as exc:
         return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what}
     store.write(f"u{level}", slice(0, n), out)
-    return {
+    result = {
         "ok": True,
         "residuals": [],
         "last": out[-1].copy(),
         "seconds": time.perf_counter() - t0,
+        "cpu_seconds": time.thread_time() - cpu0,
         "io_seconds": store.seconds,
     }
+    return _done(result, store)

@@ -12,6 +12,8 @@ path.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -23,10 +25,14 @@ class Task:
     key: str
     func: object
     spec: object
-    deps: tuple
+    deps: tuple  # every ordering constraint (the work model's graph)
     cost: float
     level: int
     final: bool = False
+    data_deps: tuple = ()  # the last writers of the chunks the task reads: the results it is handed
+    #: ``(writer, (name, lead, lo, hi))`` per chunk read: the task is handed rows ``lo .. hi - 1`` of array
+    #: ``name`` (leading indices ``lead``) from the writer's result, not the writer's whole result
+    pieces: tuple = ()
 
 
 AUTO_TASKS = 32  # tasks per sweep that intervals_per_task="auto" aims at
@@ -45,6 +51,29 @@ def block_sizes(hierarchy, intervals_per_task) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+#: a task should run at least this many times the scheduler's per-task cost ("auto" on a cluster)
+TASK_COST_RATIO = 20
+
+
+def task_sizes(hierarchy, blocks, cost, *, step_seconds: float, task_seconds: float, workers: int) -> tuple:
+    """Intervals per task on each level but the coarsest, from measured costs (``intervals_per_task="auto"``).
+
+    A task relaxes whole chunks of the store (``blocks[l]`` intervals each),
+    enough of them that it runs at least :data:`TASK_COST_RATIO` times the
+    scheduler's per-task cost ``task_seconds`` (one step of level ``l`` takes
+    ``cost(l) * step_seconds``), but no more than leaves two tasks per worker
+    in a sweep, so that the workers share it.
+    """
+    sizes = []
+    for level, block in enumerate(blocks):
+        n = hierarchy.n_intervals(level)
+        interval = max(hierarchy.cfactors[level] * cost(level) * step_seconds, 1e-9)
+        want = math.ceil(TASK_COST_RATIO * task_seconds / interval)
+        want = min(want, max(1, n // (2 * max(workers, 1))))
+        sizes.append(min(n, block * max(1, math.ceil(want / block))))
+    return tuple(sizes)
+
+
 class _Tracker:
     """Read-after-write and write-after-read dependencies between tasks, per chunk."""
 
@@ -52,11 +81,15 @@ class _Tracker:
         self.writer: dict = {}
         self.readers: dict = defaultdict(set)
 
-    def add(self, key: str, reads, writes) -> tuple:
+    def add(self, key: str, reads, writes) -> tuple[tuple, tuple, tuple]:
+        """The task's dependencies: all of them, those whose results it reads, and (writer, chunk) per read."""
         deps = set()
+        pieces = []
         for chunk in reads:
-            if chunk in self.writer:
+            if chunk in self.writer and self.writer[chunk] != key:
                 deps.add(self.writer[chunk])
+                pieces.append((self.writer[chunk], chunk))
+        data = tuple(sorted(deps))
         for chunk in writes:
             if chunk in self.writer:
                 deps.add(self.writer[chunk])
@@ -67,7 +100,7 @@ class _Tracker:
             self.writer[chunk] = key
             self.readers[chunk] = set()
         deps.discard(key)
-        return tuple(sorted(deps))
+        return tuple(sorted(deps)), data, tuple(pieces)
 
 
 class Planner:
@@ -91,7 +124,8 @@ class Planner:
         self.opt = options
         self.cost = cost
         self.prefix = prefix
-        self.blocks = options["blocks"]
+        self.blocks = options["blocks"]  # intervals per chunk of the store
+        self.task_blocks = self.blocks  # intervals per task: whole chunks (:func:`task_sizes`)
         self.source = [None] * self.L
         self.pending = [False] * self.L
         self.rhs = [False] * self.L
@@ -99,6 +133,7 @@ class Planner:
         self.committed = 0
         self.restricted = False  # v1/g1 hold the restriction of the committed state
         self.prerelaxed = None  # slot holding the C-relaxed committed state, if any
+        self.start_slot = None  # the slot of level 0 an iteration reads from the store
         self.source[0] = ("c", 0)
         self._tasks: list[Task] = []
         self._tracker = _Tracker()
@@ -116,8 +151,27 @@ class Planner:
     # -- chunks ------------------------------------------------------------------
     def _u_chunk(self, level: int, row: int) -> tuple:
         if level == self.L - 1:
-            return ("u", level, 0)
+            # the coarsest solution, in the blocks of intervals of the level below that read it
+            return ("u", level, 0 if self.L == 1 else row // self.blocks[level - 1])
         return ("u", level, row // (self.h.cfactors[level] * self.blocks[level]))
+
+    def _chunk_rows(self, chunk: tuple) -> tuple[str, tuple, int, int]:
+        """A chunk as (array name, leading indices, first row, end row)."""
+        kind, level, *rest = chunk
+        if kind == "c":
+            slot, b = rest
+            size = self.blocks[level]
+            return f"c{level}", (slot,), b * size, (b + 1) * size
+        if kind == "u":
+            (b,) = rest
+            if level == self.L - 1:
+                size = self.h.n_points(level) if self.L == 1 else self.blocks[level - 1]
+            else:
+                size = self.h.cfactors[level] * self.blocks[level]
+            return f"u{level}", (), b * size, (b + 1) * size
+        gen, b = rest
+        size = self.blocks[level - 1]
+        return f"{kind}{level}", (gen,), b * size, (b + 1) * size
 
     def _vg_chunk(self, name: str, level: int, gen: int, row: int) -> tuple:
         # v{l}/g{l} rows are written in blocks by the tasks of level l - 1
@@ -146,9 +200,11 @@ class Planner:
     # -- emitting tasks ------------------------------------------------------------
     def _emit(self, func, spec, reads, writes, cost, level, final=False, label="") -> None:
         key = f"{self.prefix}-it{self._iteration}-{self._counter:04d}-L{level}{label}"
+        spec = dataclasses.replace(spec, persist=final, order=self._counter)
         self._counter += 1
-        deps = self._tracker.add(key, reads, writes)
-        self._tasks.append(Task(key, func, spec, deps, cost, level, final))
+        deps, data, reads_from = self._tracker.add(key, reads, writes)
+        pieces = tuple((writer, self._chunk_rows(chunk)) for writer, chunk in reads_from)
+        self._tasks.append(Task(key, func, spec, deps, cost, level, final, data, pieces))
 
     def sweep(
         self,
@@ -164,7 +220,8 @@ class Planner:
         h = self.h
         source = self.source[level]
         src_slot = source[1] if source[0] == "c" else None
-        free = self._free_slots(level, src_slot)
+        # the final sweep writes the store: never over the slot this iteration started from
+        free = self._free_slots(level, src_slot, self.start_slot if final else None)
         dst = free[0]
         fuse = free[1] if fuse_c else None
         if store_u is None:
@@ -177,8 +234,8 @@ class Planner:
         n_int = h.n_intervals(level)
         block = self.blocks[level]
         first = len(self._tasks)
-        for q0 in range(0, n_int, block):
-            q1 = min(q0 + block, n_int)
+        for q0 in range(0, n_int, self.task_blocks[level]):
+            q1 = min(q0 + self.task_blocks[level], n_int)
             reads, writes = [], []
             cost = 0.0
             for q in range(q0, q1):
@@ -192,15 +249,15 @@ class Planner:
                 if rhs:
                     reads += [self._vg_chunk("g", level, gen, p - 1) for p in points]
                 cost += len(points) * self.cost(level)
-            b = q0 // block
-            if h.has_cpoint(level, q0):
-                writes.append(("c", level, dst, b))
-                if fuse is not None:
-                    writes.append(("c", level, fuse, b))
-                if restrict:
-                    writes += [("v", level + 1, 1 - gen_next, b), ("g", level + 1, 1 - gen_next, b)]
-            if store_u:
-                writes.append(("u", level, b))
+            for b in range(q0 // block, (q1 - 1) // block + 1):  # the chunks of the task's intervals
+                if h.has_cpoint(level, b * block):
+                    writes.append(("c", level, dst, b))
+                    if fuse is not None:
+                        writes.append(("c", level, fuse, b))
+                    if restrict:
+                        writes += [("v", level + 1, 1 - gen_next, b), ("g", level + 1, 1 - gen_next, b)]
+                if store_u:
+                    writes.append(("u", level, b))
             reads = list(dict.fromkeys(reads))
             spec = SweepSpec(
                 level=level,
@@ -242,7 +299,7 @@ class Planner:
             run_coarse,
             CoarseSpec(level=level, rhs=rhs, gen=gen),
             reads,
-            [("u", level, 0)],
+            list(dict.fromkeys(self._u_chunk(level, r) for r in range(n))),
             n * self.cost(level),
             level,
             final=(level == 0),
@@ -289,6 +346,7 @@ class Planner:
         if nested:
             self.nested()
         cf0 = self.opt["cf_iter"][0]
+        self.start_slot = self.prerelaxed if self.prerelaxed is not None else self.committed
         if cf0 == 0:
             if not self.restricted:
                 self.sweep(0, "R", restrict=True)

@@ -20,7 +20,7 @@ from daskann.mgrit import _store, workmodel
 from daskann.mgrit._errors import MGRITDiverged
 from daskann.mgrit._executors import DaskExecutor, InProcessExecutor
 from daskann.mgrit._kernels import Context
-from daskann.mgrit._plan import Planner
+from daskann.mgrit._plan import Planner, task_sizes
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,16 @@ class SolveRun:
     def open_executor(self) -> None:
         if self.opt["scheduler"] is None:
             self.executor = InProcessExecutor(self.store, self.context)
-        else:
-            self.executor = DaskExecutor(self.opt["scheduler"], self.store, self.context, timeout=self.opt["timeout"])
+            return
+        self.executor = DaskExecutor(self.opt["scheduler"], self.store, self.context, timeout=self.opt["timeout"])
+        if self.executor.name == "distributed" and self.opt["intervals_per_task"] == "auto":
+            # tasks of whole store chunks, sized from what a step and a task cost on this cluster
+            try:
+                costs = self.executor.measure()
+            except Exception:  # a worker lost while measuring: one chunk per task, as the store is laid out
+                return
+            cost = self.planner.cost
+            self.planner.task_blocks = task_sizes(self.hierarchy, self.planner.blocks, cost, **costs)
 
     # -- one iteration -----------------------------------------------------------------
     def iterate(self, k: int) -> tuple[IterationRecord, list[float]]:

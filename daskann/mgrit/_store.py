@@ -4,7 +4,9 @@ A zarr trajectory store is a directory holding one zarr group (arrays listed
 in :mod:`daskann.mgrit._kernels`), chunked so that every task writes whole
 chunks that no other task of its sweep touches, with a CRC32C checksum on
 every chunk. The group's attributes name the run (``run_id``) and the
-configuration; ``progress.json`` (replaced atomically after each completed
+configuration; only the final sweep of each iteration writes to it (the
+C-points a resumed run starts from; :mod:`daskann.mgrit._kernels`);
+``progress.json`` (replaced atomically after each completed
 iteration) says which slot holds the last committed C-values, so an
 interrupted run continues from its last completed iteration, and a store
 belonging to another run is refused.
@@ -21,11 +23,11 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
-from daskann.mgrit._kernels import SLOTS
+from daskann.mgrit._kernels import PERSISTED, SLOTS
 from daskann.store import DamagedStoreError, StoreError, check_free_space, register_verifier, temporary_sibling
 
 KIND = "mgrit-trajectory"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: five C-value slots, intermediate levels kept in memory
 PROGRESS = "progress.json"
 
 
@@ -53,15 +55,31 @@ class MemoryTrajectory:
     """The trajectory as numpy arrays in this process (the fast in-process backend)."""
 
     path = None
+    in_place = True  # tasks compute into the arrays themselves (they run one after another)
 
     def __init__(self, specs: dict, dtype):
         self.arrays = {name: np.zeros(shape, dtype=dtype) for name, (shape, _chunks) in specs.items()}
 
     def read(self, name: str, index) -> np.ndarray:
-        return np.array(self.arrays[name][index])
+        """A read-only view of the rows (a task never writes what it reads)."""
+        value = self.arrays[name][index]
+        if isinstance(value, np.ndarray):
+            value = value.view()
+            value.flags.writeable = False
+        return value
+
+    def buffer(self, name: str, index, shape) -> np.ndarray:
+        """The rows themselves, to compute into (:meth:`write` of them is then free)."""
+        view = self.arrays[name][index]
+        if view.shape != tuple(shape) or view.base is not self.arrays[name]:
+            raise ValueError(f"rows {index} of {name!r} are not a view of shape {tuple(shape)}")
+        return view
 
     def write(self, name: str, index, value) -> None:
-        self.arrays[name][index] = value
+        array = self.arrays[name]
+        if getattr(value, "base", None) is array and value.__array_interface__ == array[index].__array_interface__:
+            return  # the rows were computed in place (:meth:`buffer`)
+        array[index] = value
 
 
 _OPEN: dict = {}
@@ -93,6 +111,10 @@ class ZarrTrajectory:
 
     def write(self, name: str, index, value) -> None:
         self._array(name)[index] = value
+
+    def buffer(self, name: str, index, shape) -> np.ndarray:
+        """A private buffer for rows a task writes later with :meth:`write` (whole chunks, once)."""
+        return np.empty(shape, dtype=self._array(name).dtype)
 
     # -- client side -------------------------------------------------------------
     def read_progress(self) -> dict:
@@ -170,8 +192,10 @@ def check_same_run(path, meta: dict, run_id: str, config: dict) -> None:
 def create_store(path, *, run_id: str, config: dict, specs: dict, dtype) -> ZarrTrajectory:
     """Create an empty trajectory store (the caller writes u0 and the initial guess)."""
     path = Path(path)
-    # every chunk gets written: refuse a file system that cannot hold them, before any task
-    needed = sum(int(np.prod(shape)) for shape, _ in specs.values()) * np.dtype(dtype).itemsize
+    # every chunk of the arrays the final sweeps write may be written: refuse a file system that cannot
+    # hold them, before any task (the other arrays stay empty: their rows pass from task to task in memory)
+    needed = sum(int(np.prod(shape)) for name, (shape, _) in specs.items() if name in PERSISTED)
+    needed *= np.dtype(dtype).itemsize
     check_free_space(path, needed, name="store")
     path.mkdir(parents=True, exist_ok=True)
     group = zarr.open_group(str(path), mode="w", zarr_format=3)

@@ -24,6 +24,7 @@ import json
 import platform
 import statistics
 import time
+import warnings
 from pathlib import Path
 
 import click
@@ -31,6 +32,7 @@ import numpy as np
 
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.data import BatchOrder, make_linear
+from daskann.exceptions import MGRITDidNotPay
 from daskann.mgrit._errors import MGRITDiverged
 from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.propagators import SGDPropagator
@@ -173,7 +175,19 @@ def run_study(problem: dict, n_steps: int, options: dict, *, levels: int, worker
 
 
 def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repeats: int, client) -> dict:
-    """Medians of MGRITTrainer on the cluster and SerialTrainer here, run alternately."""
+    """Medians of MGRITTrainer on the cluster, in this process and SerialTrainer, run alternately.
+
+    Besides the speedup over serial training, two efficiencies of the
+    execution (medians of the solves' ``result_.solve_time``):
+
+    ``work_model_efficiency``
+        ``sum(result_.work) * serial_step / t_inprocess``: how close the
+        in-process solve comes to its own work model (1 is every work unit at
+        the cost of one serial step and nothing else).
+    ``parallel_efficiency``
+        ``t_inprocess / (workers * t_cluster)``: the cluster's solve against
+        the in-process one.
+    """
     from daskann.mgrit.trainer import MGRITTrainer
 
     settings = dict(
@@ -185,30 +199,88 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
         loss=problem["loss"],
     )
     overrides = {k: v for k, v in options.items() if k != "levels"}
-    mgrit_times, serial_times, iterations = [], [], []
+    times: dict[str, list] = {"mgrit": [], "serial": [], "inprocess_solve": [], "cluster_solve": []}
+    iterations = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         serial = SerialTrainer(problem["hidden"], **settings).fit(problem["X"], problem["y"], steps=n_steps)
-        serial_times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        trainer = MGRITTrainer(
-            problem["hidden"], **settings, **overrides, levels=levels, client=client, scheduler="distributed"
-        ).fit(problem["X"], problem["y"], steps=n_steps)
-        mgrit_times.append(time.perf_counter() - t0)
+        times["serial"].append(time.perf_counter() - t0)
+        local = MGRITTrainer(problem["hidden"], **settings, **overrides, levels=levels, scheduler="inprocess")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MGRITDidNotPay)  # the work model is what is measured here
+            local.fit(problem["X"], problem["y"], steps=n_steps)
+            t0 = time.perf_counter()
+            trainer = MGRITTrainer(
+                problem["hidden"], **settings, **overrides, levels=levels, client=client, scheduler="distributed"
+            ).fit(problem["X"], problem["y"], steps=n_steps)
+        times["mgrit"].append(time.perf_counter() - t0)
+        times["inprocess_solve"].append(local.result_.solve_time)
+        times["cluster_solve"].append(trainer.result_.solve_time)
         iterations.append(trainer.n_iter_)
     ref = np.concatenate([p.ravel() for p in serial.model_.params])
     got = np.concatenate([p.ravel() for p in trainer.model_.params])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    work = float(sum(trainer.result_.work))
+    serial_step = med["serial"] / n_steps
     return {
         "n_steps": n_steps,
         "levels": levels,
         "repeats": repeats,
         "iterations": iterations[-1],
-        "mgrit_seconds": statistics.median(mgrit_times),
-        "serial_seconds": statistics.median(serial_times),
-        "speedup": statistics.median(serial_times) / statistics.median(mgrit_times),
+        "mgrit_seconds": med["mgrit"],
+        "serial_seconds": med["serial"],
+        "speedup": med["serial"] / med["mgrit"],
         "error": float(np.linalg.norm(got - ref) / np.linalg.norm(ref)),
-        "workers": len(client.scheduler_info(n_workers=-1)["workers"]),
+        "workers": workers,
+        "work_units": work,
+        "serial_step_seconds": serial_step,
+        "inprocess_solve_seconds": med["inprocess_solve"],
+        "cluster_solve_seconds": med["cluster_solve"],
+        "work_model_efficiency": work * serial_step / med["inprocess_solve"],
+        "parallel_efficiency": med["inprocess_solve"] / (workers * med["cluster_solve"]),
+        "bit_identical": all(
+            np.array_equal(a, b) for a, b in zip(local.model_.params, trainer.model_.params, strict=True)
+        ),
     }
+
+
+def efficiency_problem(sizes, *, n_samples: int = 4096, lr: float = 1e-3) -> dict:
+    """A classification problem for the execution study: an MLP of layer ``sizes`` (ReLU, cross-entropy).
+
+    ``X`` is standard normal, ``y`` uniform over the ``sizes[-1]`` classes
+    (seed 0), batches of 64, SGD without momentum at ``lr``.
+    """
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((n_samples, sizes[0]))
+    y = rng.integers(0, sizes[-1], n_samples)
+    return {
+        "X": X,
+        "y": y,
+        "hidden": tuple(sizes[1:-1]),
+        "lr": float(lr),
+        "momentum": 0.0,
+        "batch_size": 64,
+        "seed": 0,
+        "activation": "relu",
+        "loss": "cross_entropy",
+    }
+
+
+def parse_sizes(text: str) -> list[tuple[int, ...]]:
+    """``"256-512-512-10,64-128-128-10"`` as layer-size tuples (at least an input and an output each)."""
+    nets = []
+    for item in str(text).split(","):
+        if not item.strip():
+            continue
+        try:
+            sizes = tuple(int(v) for v in item.strip().split("-"))
+        except ValueError:
+            raise invalid("efficiency", text, "networks as dash-separated layer sizes, e.g. 256-512-512-10") from None
+        if len(sizes) < 2 or min(sizes) < 1:
+            raise invalid("efficiency", text, "networks of at least two positive layer sizes, e.g. 256-512-512-10")
+        nets.append(sizes)
+    return nets
 
 
 def machine_info() -> dict:
@@ -393,7 +465,8 @@ def format_table(report: dict) -> str:
             f"wall clock N={w['n_steps']} momentum {w['momentum']} ({w['workers']} workers, "
             f"{w['iterations']} iterations): MGRIT {w['mgrit_seconds']:.2f} s, serial "
             f"{w['serial_seconds']:.3f} s, speedup {w['speedup']:.3f} (median of {w['repeats']}), "
-            f"error {w['error']:.1e}"
+            f"error {w['error']:.1e}, work-model efficiency {w['work_model_efficiency']:.2f} (in-process), "
+            f"parallel efficiency {w['parallel_efficiency']:.2f}"
         )
     best = report.get("best")
     if best:
@@ -700,3 +773,73 @@ def paper_main(opts: dict) -> dict:
     else:
         click.echo(format_paper_tables(records))
     return document
+
+
+#: the execution study's networks: a 256-512-512-10 ReLU net, a smaller and a larger one (the in-process
+#: store holds about 800 states at 256 steps: 6.4 MB each for the first, 10.7 MB for the last)
+EFFICIENCY_SIZES = "256-512-512-10,64-128-128-10,784-512-512-10"
+EFFICIENCY_JSON = "mgrit-efficiency.json"
+
+
+def efficiency_main(opts: dict) -> dict:
+    """``daskann bench mgrit --efficiency SIZES``: how close MGRIT's execution comes to its work model.
+
+    For each network (:func:`efficiency_problem`), ``--wall-steps`` steps with
+    the ``--preset`` configuration, ``--repeats`` times: SerialTrainer, the
+    in-process solve and the solve on the cluster (``--workers`` workers or
+    ``--address``); reports the work-model efficiency of the in-process solve
+    and the parallel efficiency of the cluster's (:func:`wall_clock`), and
+    writes ``mgrit-efficiency.json``.
+    """
+    from daskann.cluster import client as make_client
+    from daskann.cluster import close
+
+    nets = parse_sizes(opts["efficiency"])
+    if not nets:
+        raise invalid(
+            "efficiency", opts["efficiency"], f"networks as dash-separated layer sizes, e.g. {EFFICIENCY_SIZES}"
+        )
+    n_steps = check_int("wall_steps", opts["wall_steps"], minimum=2)
+    repeats = check_int("repeats", opts["repeats"])
+    workers = check_int("workers", opts["workers"])
+    coarsest = check_int("coarsest", opts["coarsest"], minimum=1)
+    lr = 1e-3 if opts.get("lr") is None else check_float("lr", opts["lr"], minimum=0.0, min_inclusive=False)
+    options = resolve_preset(opts["preset"], max_iter=check_int("max_iter", opts["max_iter"]))
+    say = (lambda msg: None) if opts.get("quiet") or opts.get("as_json") else (lambda msg: click.echo(msg, err=True))
+    output = Path(opts["output"])
+    output.mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine_info(), "preset": opts["preset"], "lr": lr, "efficiency": []}
+    c = make_client(opts.get("address"), n_workers=None if opts.get("address") else workers, quiet=True)
+    try:
+        for sizes in nets:
+            levels = auto_levels(n_steps, options["cfactor"], coarsest)
+            say(f"efficiency: {'-'.join(map(str, sizes))} N={n_steps} levels={levels} ...")
+            rec = wall_clock(
+                efficiency_problem(sizes, lr=lr), n_steps, options, levels=levels, repeats=repeats, client=c
+            )
+            report["efficiency"].append({"sizes": list(sizes), **rec})
+    finally:
+        close(c)
+    (output / EFFICIENCY_JSON).write_text(json.dumps(report, indent=1, default=_json_default))
+    if opts.get("as_json"):
+        click.echo(json.dumps(report, indent=1, default=_json_default))
+    else:
+        click.echo(format_efficiency(report))
+    return report
+
+
+def format_efficiency(report: dict) -> str:
+    """The execution study as a table."""
+    lines = [
+        "MGRIT execution against its work model (medians; solve times)",
+        f"{'network':>18} {'N':>5} {'iters':>5} {'work':>7} {'step ms':>8} {'inproc s':>9} {'cluster s':>9} "
+        f"{'work-model eff':>14} {'parallel eff':>12} {'identical':>9}",
+    ]
+    for r in report["efficiency"]:
+        lines.append(
+            f"{'-'.join(map(str, r['sizes'])):>18} {r['n_steps']:>5} {r['iterations']:>5} {r['work_units']:>7.0f} "
+            f"{r['serial_step_seconds'] * 1e3:>8.2f} {r['inprocess_solve_seconds']:>9.2f} "
+            f"{r['cluster_solve_seconds']:>9.2f} {r['work_model_efficiency']:>14.2f} "
+            f"{r['parallel_efficiency']:>12.2f} {r['bit_identical']!s:>9}"
+        )
+    return "\n".join(lines)

@@ -9,11 +9,14 @@ import click
 
 from daskann._cli_common import (
     _int_list,
+    bench_options,
     cli_errors,
     cluster_options,
     connect,
     data_options,
+    option_group,
     output_options,
+    report_options,
     run_training,
     training_options,
 )
@@ -23,59 +26,55 @@ from daskann.mgrit.presets import PRESETS
 _RELAXATION = {"F": 0, "FCF": 1, "FCFCF": 2}
 
 
-def _solver_options(func):
-    options = [
-        click.option(
-            "--preset",
-            type=click.Choice(sorted(PRESETS)),
-            default="solver2",
-            show_default=True,
-            help="Solver configuration; the options below override it.",
-        ),
-        click.option("--levels", type=int, default=None, help="Number of MGRIT levels."),
-        click.option("--coarsening", "cfactor", type=int, default=None, help="Coarsening factor (>= 2)."),
-        click.option("--cycle", "cycle_type", type=click.Choice(["V", "F"]), default=None, help="Cycle type."),
-        click.option(
-            "--relaxation", type=click.Choice(sorted(_RELAXATION)), default=None, help="F, FCF or FCFCF relaxation."
-        ),
-        click.option("--weight-c", type=float, default=None, help="C-relaxation weight in (0, 2)."),
-        click.option("--tol", type=float, default=None, help="Absolute residual tolerance."),
-        click.option("--max-iter", type=int, default=None, help="Most MGRIT iterations."),
-        click.option("--nested/--no-nested", "nested_iteration", default=None, help="Nested iteration."),
-        click.option("--coarse", type=click.Choice(["scaled", "repeat"]), default=None, help="Coarse propagator."),
-        click.option(
-            "--alpha-cap",
-            type=float,
-            default=None,
-            help="Cap of the coarse learning-rate factor (fine steps per coarse step).",
-        ),
-        click.option(
-            "--alpha-growth",
-            type=float,
-            default=None,
-            help="Coarse learning-rate factor alpha_l = growth**l (default: the span m**l).",
-        ),
-        click.option(
-            "--scheduler",
-            type=click.Choice(["distributed", "threads", "sync", "inprocess"]),
-            default="distributed",
-            show_default=True,
-            help="Where the tasks run.",
-        ),
-        click.option(
-            "--intervals-per-task", default="auto", show_default=True, help="Intervals one task relaxes, or 'auto'."
-        ),
-        click.option(
-            "--store",
-            type=click.Path(path_type=Path),
-            default=None,
-            help="Zarr trajectory store (default: inside --output, or temporary).",
-        ),
-        click.option("--compute-error", is_flag=True, help="Also train serially and record the error per iteration."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+_solver_options = option_group(
+    click.option(
+        "--preset",
+        type=click.Choice(sorted(PRESETS)),
+        default="solver2",
+        show_default=True,
+        help="Solver configuration; the options below override it.",
+    ),
+    click.option("--levels", type=int, default=None, help="Number of MGRIT levels."),
+    click.option("--coarsening", "cfactor", type=int, default=None, help="Coarsening factor (>= 2)."),
+    click.option("--cycle", "cycle_type", type=click.Choice(["V", "F"]), default=None, help="Cycle type."),
+    click.option(
+        "--relaxation", type=click.Choice(sorted(_RELAXATION)), default=None, help="F, FCF or FCFCF relaxation."
+    ),
+    click.option("--weight-c", type=float, default=None, help="C-relaxation weight in (0, 2)."),
+    click.option("--tol", type=float, default=None, help="Absolute residual tolerance."),
+    click.option("--max-iter", type=int, default=None, help="Most MGRIT iterations."),
+    click.option("--nested/--no-nested", "nested_iteration", default=None, help="Nested iteration."),
+    click.option("--coarse", type=click.Choice(["scaled", "repeat"]), default=None, help="Coarse propagator."),
+    click.option(
+        "--alpha-cap",
+        type=float,
+        default=None,
+        help="Cap of the coarse learning-rate factor (fine steps per coarse step).",
+    ),
+    click.option(
+        "--alpha-growth",
+        type=float,
+        default=None,
+        help="Coarse learning-rate factor alpha_l = growth**l (default: the span m**l).",
+    ),
+    click.option(
+        "--scheduler",
+        type=click.Choice(["distributed", "threads", "sync", "inprocess"]),
+        default="distributed",
+        show_default=True,
+        help="Where the tasks run.",
+    ),
+    click.option(
+        "--intervals-per-task", default="auto", show_default=True, help="Intervals one task relaxes, or 'auto'."
+    ),
+    click.option(
+        "--store",
+        type=click.Path(path_type=Path),
+        default=None,
+        help="Zarr trajectory store (default: inside --output, or temporary).",
+    ),
+    click.option("--compute-error", is_flag=True, help="Also train serially and record the error per iteration."),
+)
 
 
 def _trainer_kwargs(opts: dict) -> dict:
@@ -210,21 +209,10 @@ def train_command(**opts):
     help="Training steps of the wall-clock comparison on the cluster (0 skips it).",
 )
 @click.option("--repeats", type=int, default=3, show_default=True, help="Repeats of the wall-clock runs (medians).")
-@click.option(
-    "--workers",
-    type=int,
-    default=2,
-    show_default=True,
-    help="Workers of the embedded cluster and of the work model's finite-worker speedup.",
-)
-@click.option("--address", default=None, help="Scheduler address instead of an embedded cluster.")
-@click.option(
-    "--output",
-    "-o",
-    type=click.Path(path_type=Path),
-    default=Path("bench-results/mgrit"),
-    show_default=True,
-    help="Folder for the JSON report and the PNG plots.",
+@bench_options(
+    workers_help="Workers of the embedded cluster and of the work model's finite-worker speedup.",
+    output="bench-results/mgrit",
+    output_help="Folder for the JSON report and the PNG plots.",
 )
 @click.option(
     "--paper",
@@ -251,8 +239,14 @@ def train_command(**opts):
 )
 @click.option("--grid-presets", default="solver2", show_default=True, help="With --grid: presets, comma-separated.")
 @click.option("--grid-steps", type=int, default=256, show_default=True, help="With --grid: training steps.")
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@click.option(
+    "--efficiency",
+    default=None,
+    help="The execution study instead: networks as dash-separated layer sizes, comma-separated (e.g. "
+    "256-512-512-10,64-128-128-10,784-512-512-10), --wall-steps steps each; reports the in-process solve's "
+    "work-model efficiency and the cluster's parallel efficiency (writes mgrit-efficiency.json).",
+)
+@report_options
 @cli_errors
 def bench_command(**opts):
     """Iterations against training steps, work-model speedup and wall clock against serial training."""
@@ -265,6 +259,11 @@ def bench_command(**opts):
         from daskann.mgrit.bench import paper_main
 
         paper_main(opts)
+        return
+    if opts["efficiency"]:
+        from daskann.mgrit.bench import efficiency_main
+
+        efficiency_main(opts)
         return
     from daskann.mgrit.bench import main
 

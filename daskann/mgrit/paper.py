@@ -41,42 +41,29 @@ THREE_LAYER_STEPS = (100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600)
 FOUR_LAYER_BATCH_STEPS = (40, 80, 160, 320, 640, 1280)
 FOUR_LAYER_STEPS = (100, 200, 400, 800, 1600, 3200, 6400, 12800)
 
+_COLUMNS = ("table", "problem", "solver", "cycle", "alpha_b", "alpha_max", "steps", "paper")
+_THREE, _FOUR, _FOUR_BATCH = THREE_LAYER_STEPS, FOUR_LAYER_STEPS, FOUR_LAYER_BATCH_STEPS
+
 #: the paper's tables: problem, solver, cycle, alpha_b, alpha_max, steps and (three-layer) its iterations;
 #: None stands for the paper's "50+"
-TABLES: tuple[dict, ...] = (
-    {"table": 1, "problem": "three-layer", "solver": "naive", "cycle": "two-level", "alpha_b": 1.0,
-     "alpha_max": 8.0, "steps": THREE_LAYER_STEPS, "paper": (14, 19, 24, 31, 40, 49, None, None, None)},
-    {"table": 2, "problem": "three-layer", "solver": "schroder1", "cycle": "two-level", "alpha_b": 1.0,
-     "alpha_max": 8.0, "steps": THREE_LAYER_STEPS, "paper": (6, 6, 6, 6, 6, 6, 6, 6, 5)},
-    {"table": 3, "problem": "three-layer", "solver": "schroder1", "cycle": "F", "alpha_b": 1.0,
-     "alpha_max": 8.0, "steps": THREE_LAYER_STEPS, "paper": (6, 6, 7, 7, 7, 8, 11, 16, 21)},
-    {"table": 4, "problem": "three-layer", "solver": "schroder1", "cycle": "F", "alpha_b": 0.5,
-     "alpha_max": 8.0, "steps": THREE_LAYER_STEPS, "paper": (5, 5, 5, 6, 6, 5, 6, 9, 12)},
-    {"table": 5, "problem": "three-layer", "solver": "schroder2", "cycle": "two-level", "alpha_b": 1.0,
-     "alpha_max": 8.0, "steps": THREE_LAYER_STEPS, "paper": (10, 12, 15, 18, 20, 20, 20, 20, 19)},
-    {"table": 6, "problem": "three-layer", "solver": "schroder2", "cycle": "F", "alpha_b": 1.0,
-     "alpha_max": 8.0, "steps": THREE_LAYER_STEPS, "paper": (10, 12, 15, 21, 26, 27, 29, 41, 50)},
-    {"table": 7, "problem": "three-layer", "solver": "schroder2", "cycle": "F", "alpha_b": 0.1,
-     "alpha_max": 30.0, "steps": THREE_LAYER_STEPS, "paper": (5, 5, 5, 6, 7, 8, 10, 13, 14)},
-    {"table": 8, "problem": "four-layer", "solver": "naive", "cycle": "two-level", "alpha_b": 0.1,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_BATCH_STEPS, "paper": None},
-    {"table": 9, "problem": "four-layer", "solver": "schroder1", "cycle": "two-level", "alpha_b": 0.1,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_BATCH_STEPS, "paper": None},
-    {"table": 10, "problem": "four-layer", "solver": "naive", "cycle": "two-level", "alpha_b": 0.025,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_BATCH_STEPS, "paper": None},
-    {"table": 11, "problem": "four-layer", "solver": "schroder1", "cycle": "two-level", "alpha_b": 0.025,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_BATCH_STEPS, "paper": None},
-    {"table": 12, "problem": "four-layer-50", "solver": "schroder1", "cycle": "two-level", "alpha_b": 0.025,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_STEPS, "paper": None},
-    {"table": 13, "problem": "four-layer", "solver": "schroder2", "cycle": "two-level", "alpha_b": 0.025,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_STEPS, "paper": None},
-    {"table": 14, "problem": "four-layer", "solver": "schroder2", "cycle": "F", "alpha_b": 0.025,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_STEPS, "paper": None},
-    {"table": 15, "problem": "four-layer", "solver": "schroder2", "cycle": "V", "alpha_b": 0.025,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_STEPS, "paper": None},
-    {"table": 16, "problem": "four-layer", "solver": "schroder2-slow", "cycle": "F", "alpha_b": 0.025,
-     "alpha_max": 0.2, "steps": FOUR_LAYER_STEPS, "paper": None},
-)  # fmt: skip
+TABLES: tuple[dict, ...] = tuple(dict(zip(_COLUMNS, row, strict=True)) for row in (
+    (1, "three-layer", "naive", "two-level", 1.0, 8.0, _THREE, (14, 19, 24, 31, 40, 49, None, None, None)),
+    (2, "three-layer", "schroder1", "two-level", 1.0, 8.0, _THREE, (6, 6, 6, 6, 6, 6, 6, 6, 5)),
+    (3, "three-layer", "schroder1", "F", 1.0, 8.0, _THREE, (6, 6, 7, 7, 7, 8, 11, 16, 21)),
+    (4, "three-layer", "schroder1", "F", 0.5, 8.0, _THREE, (5, 5, 5, 6, 6, 5, 6, 9, 12)),
+    (5, "three-layer", "schroder2", "two-level", 1.0, 8.0, _THREE, (10, 12, 15, 18, 20, 20, 20, 20, 19)),
+    (6, "three-layer", "schroder2", "F", 1.0, 8.0, _THREE, (10, 12, 15, 21, 26, 27, 29, 41, 50)),
+    (7, "three-layer", "schroder2", "F", 0.1, 30.0, _THREE, (5, 5, 5, 6, 7, 8, 10, 13, 14)),
+    (8, "four-layer", "naive", "two-level", 0.1, 0.2, _FOUR_BATCH, None),
+    (9, "four-layer", "schroder1", "two-level", 0.1, 0.2, _FOUR_BATCH, None),
+    (10, "four-layer", "naive", "two-level", 0.025, 0.2, _FOUR_BATCH, None),
+    (11, "four-layer", "schroder1", "two-level", 0.025, 0.2, _FOUR_BATCH, None),
+    (12, "four-layer-50", "schroder1", "two-level", 0.025, 0.2, _FOUR, None),
+    (13, "four-layer", "schroder2", "two-level", 0.025, 0.2, _FOUR, None),
+    (14, "four-layer", "schroder2", "F", 0.025, 0.2, _FOUR, None),
+    (15, "four-layer", "schroder2", "V", 0.025, 0.2, _FOUR, None),
+    (16, "four-layer", "schroder2-slow", "F", 0.025, 0.2, _FOUR, None),
+))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -145,9 +145,10 @@ class StateLayout:
     def size(self) -> int:
         return int(sum(self._sizes))
 
-    def pack(self, state) -> np.ndarray:
-        """A new flat vector holding ``state``."""
-        out = np.empty(self.size, dtype=self.dtype)
+    def pack(self, state, out: np.ndarray | None = None) -> np.ndarray:
+        """A flat vector holding ``state``: ``out`` when given, else a new one."""
+        if out is None:
+            out = np.empty(self.size, dtype=self.dtype)
         for a, sl in zip(state, self._slices, strict=True):
             out[sl] = np.ravel(a)
         return out

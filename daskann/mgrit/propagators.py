@@ -291,9 +291,16 @@ class SGDPropagator(Propagator):
             offset += n
         return parts[: self._n], parts[self._n :]
 
-    def step_flat(self, vector: np.ndarray, start: int, stop: int, level: int) -> np.ndarray:
-        """:meth:`step` on the solver's flat state vector (same arithmetic, no repacking)."""
-        out = np.array(vector)
+    def step_flat(self, vector: np.ndarray, start: int, stop: int, level: int, *, out=None) -> np.ndarray:
+        """:meth:`step` on the solver's flat state vector (same arithmetic, no repacking).
+
+        The result goes to ``out`` when given (``out`` may be ``vector``
+        itself: the step is then taken in place), else to a new vector.
+        """
+        if out is None:
+            out = np.array(vector)
+        elif out is not vector:
+            np.copyto(out, vector)
         params, velocity = self._views(out)
         if level == 0:
             grads = self._gradients(params, self.rows(start))
@@ -304,7 +311,11 @@ class SGDPropagator(Propagator):
                 grads = self._gradients(params, self.rows(i))
                 self._descend(params, grads, velocity)
             return out
-        return None
+        if callable(self.coarse):
+            return None
+        for _ in range(self.repeats):
+            self._scaled_inplace(params, velocity if self.velocity else [None] * len(params), start, stop, level)
+        return out
 
     def fine_step(self, state, step: int) -> tuple:
         """One training step from point ``step``, as :class:`SerialTrainer` does it."""
@@ -342,6 +353,13 @@ class SGDPropagator(Propagator):
         return self.rows(steps[0]) if len(steps) == 1 else np.concatenate([self.rows(s) for s in steps])
 
     def _scaled_once(self, state, start, stop, level):
+        params = [np.array(x) for x in state[: self._n]]
+        velocity = [np.array(x) for x in state[self._n :]] if self.velocity else [None] * len(params)
+        self._scaled_inplace(params, velocity, start, stop, level)
+        return tuple(params + velocity) if self.velocity else tuple(params)
+
+    def _scaled_inplace(self, params, velocity, start, stop, level) -> None:
+        """One scaled coarse step on ``params`` and ``velocity`` (None entries without velocity), in place."""
         span = stop - start
         k = self.substeps
         a = self.alpha(level, span) / k
@@ -354,8 +372,6 @@ class SGDPropagator(Propagator):
             decay, c_v, c_w = 0.0, 1.0, a
         dtype = np.dtype(self.config["dtype"]).type
         lr = self.optimizer.lr
-        params = [np.array(x) for x in state[: self._n]]
-        velocity = [np.array(x) for x in state[self._n :]] if self.velocity else [None] * len(params)
         b = self.coarse_batches
         for j in range(k):
             first = start + (span * j) // k
@@ -371,7 +387,6 @@ class SGDPropagator(Propagator):
                     p -= dtype(lr * c_w) * g
                     if v is not None:
                         v[...] = g
-        return tuple(params + velocity) if self.velocity else tuple(params)
 
     def cost(self, level, span):
         if level == 0:

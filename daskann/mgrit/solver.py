@@ -299,9 +299,12 @@ class MGRIT:
         Names the run in its store; give it to continue an interrupted run.
     intervals_per_task : int or "auto"
         Intervals one task relaxes: 1 is one task per interval per sweep;
-        ``"auto"`` gives each sweep about 32 tasks (fewer, longer tasks: the
-        scheduler's per-task cost stays small against the work). Chunks of the
-        store hold the intervals of one task.
+        ``"auto"`` lays the store out in about 32 chunks per sweep and, on a
+        distributed cluster, gives each task as many whole chunks as make it
+        last at least 20 times the scheduler's measured per-task cost (from a
+        fine step's measured cost), keeping two tasks per worker in a sweep.
+        Chunks of the store hold the intervals of one task (of one chunk
+        with ``"auto"``).
     timeout : float
         Seconds one iteration may take on a cluster.
 

@@ -22,7 +22,8 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -39,8 +40,8 @@ from daskann.npt.grid import ProcessGrid, live_workers
 class GraphResult:
     """What a graph-mode run gives back (as :class:`daskann.npt.resident.ResidentResult`)."""
 
-    model: object
-    velocity: list
+    model: object  # None when the final state stays on the grid (see ``state``)
+    velocity: list | None
     rows: dict  # completed steps -> history row
     diverged_step: int | None = None
     diverged_what: str = ""
@@ -51,11 +52,16 @@ class GraphResult:
 
 
 class Anchor(NamedTuple):
-    """A state training can restart from: ``model`` and ``velocity`` after ``step`` steps."""
+    """A state training can restart from after ``step`` steps.
+
+    Held by the client (``model`` and ``velocity``) or, with ``path``, a checkpoint store whose
+    blocks the cells read themselves (then ``model`` and ``velocity`` are None).
+    """
 
     step: int
-    model: object
-    velocity: list
+    model: object = None
+    velocity: list | None = None
+    path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,9 @@ class GraphRun:
     eval_steps, checkpoint_steps : frozenset of int
         Step counts after which to evaluate ``validation`` and to call ``on_checkpoint``.
     on_checkpoint : callable, optional
-        ``on_checkpoint(step, model, velocity)``; the state saved is where replays restart.
+        ``on_checkpoint(step, layout, write) -> path``: writes the checkpoint store at ``path`` whose
+        arrays ``layout`` describes (:func:`daskann.store.write_block_group`), ``write(tmp)`` writing
+        every block from its cell; the store saved is where replays restart.
     progress : callable, optional
         ``progress(step, loss)`` after every step.
     time_offset : float
@@ -95,6 +103,8 @@ class GraphRun:
     seed : int, optional
         The state at step 0 is the seeded initialisation of this seed: computed on the cells
         (:meth:`GraphEngine.born_state`) instead of scattered from the client.
+    sizes : tuple of int, optional
+        Layer widths (default: those of the starting model, when the client holds it).
     """
 
     X: object
@@ -114,12 +124,20 @@ class GraphRun:
     lookahead: int = 1
     max_recoveries: int | None = None
     seed: int | None = None
+    sizes: tuple | None = None
 
 
-def train_graph(client, grid: ProcessGrid, run: GraphRun, *, model, velocity, start: int) -> GraphResult:
-    """Train steps ``start .. run.stop - 1`` from ``model`` and ``velocity``; see the module docstring."""
+def train_graph(
+    client, grid: ProcessGrid, run: GraphRun, *, model=None, velocity=None, start: int, path=None
+) -> GraphResult:
+    """Train steps ``start .. run.stop - 1``; see the module docstring.
+
+    The starting state is ``model`` and ``velocity`` (scattered from the client), the checkpoint
+    store ``path`` (read on the cells), or, at step 0 with ``run.seed``, born on the cells.
+    """
     max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
-    anchor = Anchor(start, model, [v.copy() for v in velocity])
+    held = [v.copy() for v in velocity] if velocity is not None else None
+    anchor = Anchor(start, model, held, None if path is None else str(path))
     rows: dict = {}
     t0 = time.perf_counter() - run.time_offset
     task_stream_start = time.time()
@@ -170,10 +188,12 @@ class _Attempt:
 
     def __init__(self, client, grid: ProcessGrid, run: GraphRun, anchor: Anchor, rows: dict, *, prefix: str, t0: float):
         self.run, self.anchor, self.rows, self.prefix, self.t0 = run, anchor, rows, prefix, t0
-        self.like = anchor.model  # activation and output of every model gathered
+        self.origin = anchor  # the state this attempt starts from: a diverged run may replay from it
+        # activation and output of every model gathered
+        self.like = SimpleNamespace(**{k: run.settings[k] for k in ("activation", "output", "negative_slope")})
         self.grid = grid
         self.engine = GraphEngine(
-            client, grid, sizes=anchor.model.sizes, settings=run.settings, prefix=prefix, chains=run.chains
+            client, grid, sizes=run.sizes or anchor.model.sizes, settings=run.settings, prefix=prefix, chains=run.chains
         )
         self.watch = _Watchdog(client, grid, run.timeout)
         self.states: dict = {}  # steps done -> GridState
@@ -201,6 +221,8 @@ class _Attempt:
             )
             if run.seed is not None and anchor.step == 0:
                 self.states[0] = engine.born_state(run.seed)
+            elif anchor.path is not None:
+                self.states[anchor.step] = engine.stored_state(anchor.path, anchor.step)
             else:
                 self.states[anchor.step] = engine.scatter_state(anchor.model, anchor.velocity, anchor.step)
         except OSError as exc:
@@ -212,7 +234,7 @@ class _Attempt:
             raise
 
     def _steps(self) -> GraphResult:
-        """Submit ahead, read each step's loss, record, checkpoint; the final state gathered."""
+        """Submit ahead, read each step's loss, record, checkpoint; the final state stays on the grid."""
         run = self.run
         next_step = done = self.anchor.step
         while done < run.stop:
@@ -220,22 +242,32 @@ class _Attempt:
             step, loss_futures = self.pending.pop(0)
             loss = self.engine.loss_value(self._gather(loss_futures), run.order.batch_size)
             if not np.isfinite(loss):
-                return _diverged(self.engine, self.states, self.rows, step, self.like)
+                return self._diverged(step)
             done = step + 1
             self._record(done, loss)
             self._checkpoint(done)
-            for old in [k for k in self.states if k < done - 1]:
-                del self.states[old]
-        model, velocity = self.engine.gather_state(self.states[run.stop], self.like, gather=self._gather)
-        return GraphResult(model, velocity, self.rows, state=self.states[run.stop])
+            for old in [k for k in self.states if k <= done and k < next_step]:
+                del self.states[old]  # saved or evaluated, and read by a submitted step
+        final = self.states[run.stop]
+        self.watch.wait(list(final.futures.values()), self.anchor)  # done, nothing gathered
+        return GraphResult(None, None, self.rows, state=final)
 
     def _submit_ahead(self, next_step: int, done: int) -> int:
-        """Submit steps up to ``lookahead`` ahead of the last one read; the next step to submit."""
+        """Submit steps up to ``lookahead`` ahead of the last one read; the next step to submit.
+
+        The client lets go of each state once the step that reads it is submitted (unless it is still
+        to be saved or evaluated): each version of a cell's blocks, and the copies other cells fetched
+        for their products, is freed as soon as the tasks that read it are done, however late the
+        client reads the losses.
+        """
         run = self.run
+        keep = run.checkpoint_steps | run.eval_steps
         while next_step < run.stop and next_step - done <= run.lookahead:
             new, loss_futures = self.engine.submit_step(
                 self.states[next_step], self.bands, run.order.indices(next_step)
             )
+            if next_step not in keep:
+                del self.states[next_step]
             self.states[next_step + 1] = new
             self.pending.append((next_step, loss_futures))
             next_step += 1
@@ -262,27 +294,53 @@ class _Attempt:
         run = self.run
         if done not in run.checkpoint_steps or run.on_checkpoint is None:
             return
-        # bounded and watched like a step: a grid worker lost here means a replay, not an error
-        model, velocity = self.engine.gather_state(self.states[done], self.like, gather=self._gather)
-        run.on_checkpoint(done, model, velocity)
-        self.anchor = Anchor(done, model, velocity)
+        # each cell writes its blocks; the client commits the store once every digest is back
+        path = run.on_checkpoint(done, self.engine.store_layout(), lambda tmp: self._write_blocks(done, tmp))
+        self.anchor = Anchor(done, path=str(path))
+
+    def _write_blocks(self, done: int, tmp) -> dict:
+        """Every block of the state after ``done`` steps written into ``tmp``: ``{array: {"i.j": sha256}}``.
+
+        Bounded and watched like a step: a grid worker lost here means a replay, not an error.
+        """
+        digests: dict = defaultdict(dict)
+        for part in self._gather(self.engine.submit_save(self.states[done], tmp)):
+            for array, index, digest in part:
+                digests[array][index] = digest
+        return dict(digests)
 
     def _gather(self, futures):
         return self.watch.gather(futures, self.anchor)
 
+    def _diverged(self, step: int) -> GraphResult:
+        """Non-finite loss at ``step``: find the last finite state, as SerialTrainer keeps it."""
+        engine, rows = self.engine, self.rows
+        state = self._state(step)
+        params_ok, velocity_ok = engine.check_finite(state)
+        if params_ok or step - 1 < self.origin.step:
+            # serial stops at step + 1 on the loss, keeping the weights it started that step with
+            model, velocity = engine.gather_state(state, self.like)
+            return GraphResult(model, velocity, rows, diverged_step=step + 1, diverged_what="the loss or its gradients")
+        # the update of the previous step already produced non-finite weights
+        rows.pop(step, None)
+        model, velocity = engine.gather_state(self._state(step - 1), self.like)
+        what = "the weights" if velocity_ok else "the loss or its gradients"
+        return GraphResult(model, velocity, rows, diverged_step=step, diverged_what=what)
 
-def _diverged(engine: GraphEngine, states: dict, rows: dict, step: int, like) -> GraphResult:
-    """Non-finite loss at ``step``: find the last finite state, as SerialTrainer keeps it."""
-    params_ok, velocity_ok = engine.check_finite(states[step])
-    if params_ok or step - 1 not in states:
-        # serial stops at step + 1 on the loss, keeping the weights it started that step with
-        model, velocity = engine.gather_state(states[step], like)
-        return GraphResult(model, velocity, rows, diverged_step=step + 1, diverged_what="the loss or its gradients")
-    # the update of the previous step already produced non-finite weights
-    rows.pop(step, None)
-    model, velocity = engine.gather_state(states[step - 1], like)
-    what = "the weights" if velocity_ok else "the loss or its gradients"
-    return GraphResult(model, velocity, rows, diverged_step=step, diverged_what=what)
+    def _state(self, step: int):
+        """The state after ``step`` steps: held, or trained again from the latest saved state before it.
+
+        The client keeps no state a submitted step has read (see :meth:`_submit_ahead`); steps are pure,
+        so the replay gives the same numbers. Only a diverged run pays for it.
+        """
+        if step in self.states:
+            return self.states[step]
+        start = self.anchor if self.anchor.step <= step else self.origin
+        quiet = replace(
+            self.run, stop=step, eval_steps=frozenset(), checkpoint_steps=frozenset(), on_checkpoint=None, progress=None
+        )
+        replay = _Attempt(self.engine.client, self.grid, quiet, start, {}, prefix=f"{self.prefix}-replay", t0=self.t0)
+        return replay.train().state
 
 
 class _Watchdog:
@@ -305,6 +363,16 @@ class _Watchdog:
             raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster{why}", anchor) from cause
 
     def gather(self, futures, anchor):
+        """The values of ``futures`` once :meth:`wait` saw them finish."""
+        self.wait(futures, anchor)
+        try:
+            return self.client.gather(futures)
+        except Exception as exc:
+            self.raise_if_lost(anchor, exc)
+            raise
+
+    def wait(self, futures, anchor) -> None:
+        """Wait, bounded, for ``futures``; :class:`WorkerLost` if a grid worker left meanwhile."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
@@ -325,11 +393,9 @@ class _Watchdog:
                 )
         if any(f.status != "finished" for f in futures):
             self.raise_if_lost(anchor)
-        try:
-            return self.client.gather(futures)
-        except Exception as exc:
-            self.raise_if_lost(anchor, exc)
-            raise
+            failed = next((f for f in futures if f.status == "error"), None)
+            if failed is not None:
+                raise failed.exception()
 
 
 _STEP_KEY = re.compile(r"^(?P<prefix>.+-a\d+)-s(?P<step>\d+)-")

@@ -65,10 +65,21 @@ def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=
     extras : tuple of operand specs
     """
     out, fresh = acc, False
+    untouched = set()  # windows of a fresh zero block no term has written yet
     for a_spec, trans_a, b_spec, trans_b, window in terms:
         a = operand(a_spec)
         b = operand(b_spec)
-        prod = (a.T if trans_a else a) @ (b.T if trans_b else b)
+        a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+        if window is not None and (out is None or window in untouched):
+            if out is None:
+                out, fresh = np.zeros(shape, dtype=dtype), True
+                untouched = _disjoint_windows(terms)
+            # the product lands in its window directly: no temporary, no pass adding it to zeros
+            r0, r1, c0, c1 = window
+            np.matmul(a, b, out=out[r0:r1, c0:c1])
+            untouched.discard(window)
+            continue
+        prod = a @ b
         if window is None:
             if out is None:
                 out, fresh = prod, True
@@ -82,6 +93,7 @@ def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=
                 out, fresh = out.copy(), True
             r0, r1, c0, c1 = window
             out[r0:r1, c0:c1] += prod
+            untouched.discard(window)
     if out is None:
         out, fresh = np.zeros(shape, dtype=dtype), True
     if partner is not None:
@@ -110,6 +122,18 @@ def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=
     raise ValueError(f"unknown epilogue {epilogue!r}")
 
 
+def _disjoint_windows(terms) -> set:
+    """Output windows of ``terms`` that overlap no other term's window (each is written exactly once)."""
+    windows = [t[4] for t in terms]
+    if any(w is None for w in windows):
+        return set()
+    out = set()
+    for k, (r0, r1, c0, c1) in enumerate(windows):
+        if all(k == m or r1 <= q0 or q1 <= r0 or c1 <= d0 or d1 <= c0 for m, (q0, q1, d0, d1) in enumerate(windows)):
+            out.add(windows[k])
+    return out
+
+
 def _velocity(grad, fresh, v_spec, momentum):
     """``momentum * v + grad`` as :meth:`daskann.nn.SGD.update` computes it (``grad`` when no momentum)."""
     if not momentum:
@@ -120,8 +144,9 @@ def _velocity(grad, fresh, v_spec, momentum):
 
 
 def weight_update(weight, velocity, lr):
-    """``w - lr * v`` as :meth:`daskann.nn.SGD.update` computes it."""
-    return weight - weight.dtype.type(lr) * velocity
+    """``w - lr * v`` as :meth:`daskann.nn.SGD.update` computes it (one new array, not two)."""
+    out = velocity * weight.dtype.type(lr)
+    return np.subtract(weight, out, out=out)
 
 
 def bias_update(state, grad_specs, lr, momentum, collect_loss):
@@ -164,7 +189,8 @@ def _mse(output, target, scale, with_grad):
     loss = float(np.sum(diff * diff))
     if not with_grad:
         return {"loss": loss}
-    return {"g": diff * diff.dtype.type(scale), "loss": loss}
+    diff *= diff.dtype.type(scale)  # a new array of this task: scaled in place, as diff * scale
+    return {"g": diff, "loss": loss}
 
 
 def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):

@@ -4,9 +4,16 @@ For each net the benchmark trains a few steps with :class:`SerialTrainer`
 (one BLAS thread: ``T1``), with :class:`NPTTrainer` in graph and in resident
 mode on grids of growing size, and with the dask.array peer
 (:class:`daskann.npt.peer.DaskArrayPeer`, dask's own ``@`` on the same chunks),
-all on the same cluster in one run. Time per step is the median of the
-step-to-step intervals after a warm-up. Speedup is ``T1 / Tp`` and efficiency
-``E = T1 / (p * Tp)`` with ``p`` the number of worker processes the grid uses.
+all on the same cluster in one run. Time per step is the steady cost of one
+step: the median of the step-to-step intervals after a warm-up (resident mode:
+the median of the workers' own step times, since its history shares a run's
+wall time out over its steps); ``setup_s`` is the rest of the fit's wall time
+(placing data and weights, starting tasks, warm-up). Speedup is ``T1 / Tp``
+and efficiency ``E = T1 / (p * Tp)`` with ``p`` the number of worker processes
+the grid uses. Against the hardware, every row also gets
+``hw_efficiency = flops / (Tp * cores * rate)``: the step's matrix-product
+flops over what the cluster's cores could do at the single-thread GEMM
+``rate`` measured on a worker in the same run (serial rows: one core).
 
 It also asks the cost model which grid ``grid="auto"`` would take for each
 net and compares that grid's measured time with the best measured one.
@@ -18,6 +25,7 @@ import json
 import math
 import os
 import platform
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -48,10 +56,19 @@ class BenchConfig:
         Paper-scale minibatch and data set size.
     graph_steps, resident_steps, peer_steps, serial_steps : int
         Steps timed per run (after ``warmup`` more).
+    width_steps : int
+        Steps timed per run of the width sweep.
     large_width, large_batch, large_steps, large_warmup : int
-        The large net: ``large_width`` inputs, one hidden layer and outputs of
-        that width, on a 2x2 grid (0 skips it); ``large_steps`` timed steps
-        after ``large_warmup`` more.
+        The large net: ``large_width`` inputs and outputs, one hidden layer of
+        ``large_hidden`` (0: ``large_width``) units (``large_width`` 0 skips
+        it); ``large_steps`` timed steps after ``large_warmup`` more.
+    large_hidden : int
+        Hidden width of the large net (0: ``large_width``).
+    large_grids : list of str
+        Grids of the large net's sweep.
+    gemm_size : int
+        Side of the square single-thread GEMM that measures the hardware's
+        rate (at the start and at the end of the run; the faster counts).
     widths : list of int
         Widths of two-hidden-layer nets for the resident-versus-serial sweep
         on 2x2 (empty skips it).
@@ -65,16 +82,20 @@ class BenchConfig:
     batch_size: int = 128
     n_samples: int = 4096
     graph_steps: int = 4
-    resident_steps: int = 15
+    resident_steps: int = 500
     peer_steps: int = 4
-    serial_steps: int = 30
+    serial_steps: int = 500
     warmup: int = 2
     large_width: int = 4096
     large_batch: int = 4096
     large_steps: int = 2
     large_warmup: int = 1
+    large_hidden: int = 0
+    large_grids: list = field(default_factory=lambda: ["2x2"])
+    gemm_size: int = 2048
     widths: list = field(default_factory=lambda: [256, 512, 1024, 2048])
     width_batch: int = 256
+    width_steps: int = 7
     modes: list = field(default_factory=lambda: ["graph", "resident", "dask", "auto"])
     seed: int = 0
     dtype: str = "float64"
@@ -165,8 +186,10 @@ class _Sweep:
     def modes(self) -> list[str]:
         return [m for m in self.config.modes if m != "resident" or self.resident]
 
-    def record(self, net: _Net, grid: str, mode: str, seconds: float, extra=None) -> dict:
+    def record(self, net: _Net, grid: str, mode: str, seconds: float, extra=None, *, fit=None) -> dict:
+        """Add a row; ``fit = (wall seconds of the fit, steps it ran)`` gives its set-up time."""
         cells = _cells(grid) if grid != "-" else 1
+        fit_s, n_steps = fit if fit is not None else (float("nan"), 0)
         row = {
             "net": net.name,
             "sizes": "-".join(map(str, net.sizes)),
@@ -176,10 +199,14 @@ class _Sweep:
             "p": min(cells, self.n_workers) if mode != "serial" else 1,
             "mode": mode,
             "time_per_step": seconds,
+            "flops": step_flops(net.sizes, net.batch),
+            "fit_s": fit_s,
+            # what the fit spent beyond its steady steps: placing data and weights, starting tasks, warm-up
+            "setup_s": max(fit_s - n_steps * seconds, 0.0) if n_steps else float("nan"),
         }
         row.update(extra or {})
         self.table.append(row)
-        self.log(f"  {net.name:>15} {grid:>5} {mode:>8}: {seconds * 1e3:10.2f} ms/step")
+        self.log(f"  {net.name:>15} {grid:>5} {mode:>8}: {seconds * 1e3:10.2f} ms/step, set-up {row['setup_s']:.3g} s")
         return row
 
     def serial(self, net: _Net, steps: int, warmup: int | None = None) -> dict:
@@ -189,13 +216,17 @@ class _Sweep:
 
         warmup = self.config.warmup if warmup is None else warmup
         with threadpool_limits(1):
+            t0 = time.perf_counter()
             t = SerialTrainer(**_kwargs(net.sizes, net.batch, self.config)).fit(net.X, net.y, steps=steps + warmup)
-        return self.record(net, "-", "serial", _median_interval(t.history_["time"].values, warmup))
+            fit_s = time.perf_counter() - t0
+        seconds = _median_interval(t.history_["time"].values, warmup)
+        return self.record(net, "-", "serial", seconds, fit=(fit_s, steps + warmup))
 
     def npt(self, net: _Net, grid: str, mode: str, steps: int, warmup: int | None = None) -> dict:
         from daskann.npt.trainer import NPTTrainer
 
         warmup = self.config.warmup if warmup is None else warmup
+        probe_s = _probe(self.client) if grid == "auto" else 0.0
         t = NPTTrainer(
             **_kwargs(net.sizes, net.batch, self.config),
             grid=grid,
@@ -204,14 +235,23 @@ class _Sweep:
             client=self.client,
             timeout=600.0,
         )
+        t0 = time.perf_counter()
         t.fit(net.X, net.y, steps=steps + warmup)
+        fit_s = time.perf_counter() - t0
         h = t.history_
         extra = {
             key: float(np.nanmedian(h[key].values[warmup:])) for key in ("compute_time", "comm_time", "bytes_moved")
         }
+        extra["probe_s"] = probe_s
+        seconds = _median_interval(h["time"].values, warmup)
+        if t.mode_ == "resident":
+            # the history shares each run's wall time (set-up included) out over its steps: take the
+            # workers' own step times (arithmetic plus messages and waiting, slowest worker) instead
+            busy = h["compute_time"].values[warmup:] + h["comm_time"].values[warmup:]
+            seconds = float(np.nanmedian(busy)) if busy.size else seconds
         if grid == "auto":
             grid, mode = f"{t.grid_.rows}x{t.grid_.cols}", f"auto-{t.mode_}"
-        return self.record(net, grid, mode, _median_interval(h["time"].values, warmup), extra)
+        return self.record(net, grid, mode, seconds, extra, fit=(fit_s, steps + warmup))
 
     def peer(self, net: _Net, grid: str, steps: int, warmup: int | None = None) -> dict:
         from daskann.data import BatchOrder
@@ -224,8 +264,10 @@ class _Sweep:
         model = MLP(net.sizes, dtype=self.config.dtype, seed=self.config.seed)
         order = BatchOrder(net.X.shape[0], net.batch, seed=self.config.seed, shuffle=True)
         r, c = (int(v) for v in grid.split("x"))
+        t0 = time.perf_counter()
         out = DaskArrayPeer(self.client, (r, c), settings).fit(model, net.X, net.y, order, steps + warmup)
-        return self.record(net, grid, "dask", _median_interval(out["times"], warmup))
+        fit_s = time.perf_counter() - t0
+        return self.record(net, grid, "dask", _median_interval(out["times"], warmup), fit=(fit_s, steps + warmup))
 
     def plan(self, cost, net: _Net) -> dict:
         """The grid and mode ``grid="auto"`` takes for ``net``, kept for the report."""
@@ -243,12 +285,25 @@ def run_bench(client, config: BenchConfig | None = None, *, log=print) -> dict:
 
     config = config or BenchConfig()
     run = _Sweep(client, config, len(live_workers(client)), resident_available(), log)
+    rates = [gemm_rate(client, config.gemm_size, config.dtype)]
+    log(f"single-thread GEMM, n={config.gemm_size}: {rates[0] / 1e9:.3g} GFLOP/s")
+    t0 = time.perf_counter()
     cost = costmodel.measure(client)
-    log(f"cost model: {json.dumps(cost.to_dict())}")
+    probe_s = time.perf_counter() - t0
+    log(f"cost model ({probe_s:.3g} s): {json.dumps(cost.to_dict())}")
     _paper_nets(run, cost)
     _large_net(run, cost)
     _width_sweep(run)
-    _derive(run.table)
+    rates.append(gemm_rate(client, config.gemm_size, config.dtype))
+    hardware = {
+        # the faster of the two: a GEMM slowed by other load on the machine would flatter every row
+        "gemm_rate": max(rates),
+        "gemm_rates": rates,
+        "gemm_size": config.gemm_size,
+        "cores": cluster_cores(client),
+        "cost_model_s": probe_s,
+    }
+    _derive(run.table, hardware)
     return {
         "table": run.table,
         "checks": _checks(run.table, run.plans),
@@ -256,7 +311,62 @@ def run_bench(client, config: BenchConfig | None = None, *, log=print) -> dict:
         "config": asdict(config),
         "plans": run.plans,
         "cost_model": cost.to_dict(),
+        "hardware": hardware,
     }
+
+
+def step_flops(sizes, batch_size: int) -> float:
+    """Flops of the matrix products of one training step (forward, weight and input gradients)."""
+    from daskann.npt.costmodel import _products
+
+    return float(sum(2.0 * m * k * n for m, k, n in _products(sizes, batch_size)))
+
+
+def _gemm_seconds(n: int, dtype: str, repeats: int) -> float:
+    """Best time of an ``n x n`` GEMM on one BLAS thread (runs on a worker)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, n)).astype(dtype)
+    best = float("inf")
+    with threadpool_limits(1):
+        a @ b
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def gemm_rate(client, n: int = 2048, dtype: str = "float64", repeats: int = 5) -> float:
+    """Single-thread GEMM flop rate of one worker while the others are idle (the client's without workers)."""
+    from daskann.npt.grid import live_workers
+
+    workers = live_workers(client) if client is not None else []
+    if workers:
+        seconds = client.run(_gemm_seconds, n, dtype, repeats, workers=workers[:1])[workers[0]]
+    else:
+        seconds = _gemm_seconds(n, dtype, repeats)
+    return 2.0 * n**3 / seconds
+
+
+def _usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cluster_cores(client) -> int:
+    """Cores the cluster's workers can run on: per host, the fewer of its cores and its worker threads."""
+    from daskann.npt.grid import worker_threads
+
+    threads = worker_threads(client)
+    cores = client.run(_usable_cores, workers=list(threads))
+    hosts: dict = {}
+    for addr, n in threads.items():
+        host = addr.rsplit(":", 1)[0]
+        used, avail = hosts.get(host, (0, cores[addr]))
+        hosts[host] = (used + n, avail)
+    return int(sum(min(used, avail) for used, avail in hosts.values()))
 
 
 def _paper_nets(run: _Sweep, cost) -> None:
@@ -283,22 +393,27 @@ def _paper_nets(run: _Sweep, cost) -> None:
 
 
 def _large_net(run: _Sweep, cost) -> None:
-    """The large net on 2x2: graph mode against the dask.array peer and serial."""
+    """The large net on each of ``large_grids`` (graph, resident, the dask.array peer), serial and ``grid="auto"``."""
     config = run.config
     if not config.large_width:
         return
-    w = config.large_width
+    w, h = config.large_width, config.large_hidden or config.large_width
     X, y = make_linear(2 * config.large_batch, w, w, seed=config.seed, dtype=config.dtype)
-    net = _Net(f"large-{w}", (w, w, w), X, y, config.large_batch)
-    run.log(f"{net.name}: sizes {net.sizes}, batch {net.batch}")
+    net = _Net(f"large-{w}" if h == w else f"large-{w}-{h}", (w, h, w), X, y, config.large_batch)
+    gflop = step_flops(net.sizes, net.batch) / 1e9
+    run.log(f"{net.name}: sizes {net.sizes}, batch {net.batch}, {gflop:.4g} GFLOP per step")
     steps, warm = config.large_steps, config.large_warmup
     run.serial(net, steps, warm)
-    if "graph" in run.modes:
-        run.npt(net, "2x2", "graph", steps, warm)
-    if "dask" in run.modes:
-        run.peer(net, "2x2", steps, warm)
-    plan = run.plan(cost, net)
-    if "auto" in config.modes and (plan["grid"], plan["mode"]) != ("2x2", "graph"):
+    for grid in config.large_grids:
+        if "graph" in run.modes:
+            run.npt(net, grid, "graph", steps, warm)
+        if "resident" in run.modes:
+            run.npt(net, grid, "resident", steps, warm)
+        if "dask" in run.modes and _cells(grid) > 1:
+            run.peer(net, grid, steps, warm)
+    run.plan(cost, net)
+    if "auto" in config.modes:
+        # always run it: its row is the one held against the hardware's bound
         run.npt(net, "auto", "auto", steps, warm)
 
 
@@ -307,13 +422,25 @@ def _width_sweep(run: _Sweep) -> None:
     config = run.config
     if not config.widths or "resident" not in run.modes:
         return
-    steps = max(config.resident_steps // 2, 5)
+    steps = config.width_steps
     for w in config.widths:
         X, y = make_linear(max(4 * config.width_batch, 1024), w, 16, seed=config.seed, dtype=config.dtype)
         net = _Net(f"width-{w}", (w, w, w, 16), X, y, config.width_batch)
         run.log(f"{net.name}: sizes {net.sizes}, batch {net.batch}")
         run.serial(net, steps)
         run.npt(net, "2x2", "resident", steps)
+
+
+def _probe(client) -> float:
+    """Seconds to fetch the cost model ``grid="auto"`` reads: 0 when cached, its probing when the workers changed.
+
+    Done before an auto fit so that the fit's set-up time is not the cost model's.
+    """
+    from daskann.npt import costmodel
+
+    t0 = time.perf_counter()
+    costmodel.measure(client)
+    return time.perf_counter() - t0
 
 
 def _kwargs(sizes, batch, config: BenchConfig) -> dict:
@@ -337,11 +464,16 @@ def _auto_choice(cost, sizes, batch, n_workers, resident, dtype) -> dict:
     return {"grid": f"{shape[0]}x{shape[1]}", "mode": mode, "table": table}
 
 
-def _derive(table: list[dict]) -> None:
-    """Speedup, efficiency and ratio to the peer and to serial for every row."""
+def _derive(table: list[dict], hardware: dict | None = None) -> None:
+    """Speedup, efficiency and ratio to the peer and to serial for every row; against the hardware's bound."""
     serial = {r["net"]: r["time_per_step"] for r in table if r["mode"] == "serial"}
     peers = {(r["net"], r["grid"]): r["time_per_step"] for r in table if r["mode"] == "dask"}
     for r in table:
+        if hardware is not None:
+            # serial training runs on one core; everything else may use every core of the cluster
+            r["cores"] = 1 if r["mode"] == "serial" else hardware["cores"]
+            r["bound_s"] = r["flops"] / (r["cores"] * hardware["gemm_rate"])
+            r["hw_efficiency"] = r["bound_s"] / r["time_per_step"] if r["time_per_step"] else float("nan")
         t1 = serial.get(r["net"], float("nan"))
         r["speedup"] = t1 / r["time_per_step"] if r["time_per_step"] else float("nan")
         r["efficiency"] = r["speedup"] / r["p"]
@@ -357,6 +489,12 @@ def _checks(table: list[dict], plans: dict) -> dict:
     large = _check_large(table, rows)
     if large:
         checks["large_graph_vs_peer"] = large
+    bound = _check_bound(table)
+    if bound:
+        checks["large_bound"] = bound
+    single = _check_single_worker(rows)
+    if single:
+        checks["resident_1x1_vs_serial"] = single
     checks.update(_check_resident(table, rows))
     widths = _check_widths(table)
     if widths:
@@ -381,6 +519,43 @@ def _check_large(table: list[dict], rows: dict) -> dict | None:
         "peer_s": rows.get((r["net"], "2x2", "dask"), {}).get("time_per_step"),
         "serial_s": r["time_per_step"] * r["speedup"],
     }
+
+
+def _check_bound(table: list[dict]) -> dict | None:
+    """The large net's ``grid="auto"`` run against the hardware's bound (target: at least 80% of it)."""
+    auto = [r for r in table if r["net"].startswith("large-") and r["mode"].startswith("auto-") and "bound_s" in r]
+    if not auto:
+        return None
+    r = auto[0]
+    return {
+        "value": r["hw_efficiency"],
+        "target": ">= 0.8",
+        "met": bool(r["hw_efficiency"] >= 0.8),
+        "grid": r["grid"],
+        "mode": r["mode"],
+        "step_s": r["time_per_step"],
+        "bound_s": r["bound_s"],
+        "setup_s": r["setup_s"],
+        "gflop": r["flops"] / 1e9,
+    }
+
+
+def _check_single_worker(rows: dict) -> dict:
+    """1x1 resident against serial training, per step (target: within 1.2x), and its set-up time."""
+    out = {}
+    for net in PAPER_NETS:
+        res, ser = rows.get((net, "1x1", "resident")), rows.get((net, "-", "serial"))
+        if res is not None and ser is not None:
+            ratio = res["time_per_step"] / ser["time_per_step"]
+            out[net] = {
+                "ratio": ratio,
+                "target": "<= 1.2",
+                "met": bool(ratio <= 1.2),
+                "step_s": res["time_per_step"],
+                "serial_s": ser["time_per_step"],
+                "setup_s": res["setup_s"],
+            }
+    return out
 
 
 def _check_resident(table: list[dict], rows: dict) -> dict:
@@ -452,16 +627,17 @@ def _check_auto(table: list[dict], rows: dict, net: str, plan: dict) -> dict | N
 
 # -- output ---------------------------------------------------------------------------
 def format_table(table: list[dict]) -> str:
+    """The table as text: ``ms/step`` the steady step, ``setup s`` the rest of the fit, ``E hw`` against the bound."""
     head = (
-        f"{'net':>15} {'sizes':>16} {'batch':>5} {'grid':>5} {'p':>2} {'mode':>8} {'ms/step':>10} "
-        f"{'speedup':>8} {'E':>6} {'vs peer':>8} {'vs serial':>9}"
+        f"{'net':>15} {'sizes':>16} {'batch':>5} {'grid':>5} {'p':>2} {'mode':>13} {'ms/step':>10} "
+        f"{'setup s':>8} {'speedup':>8} {'E':>6} {'E hw':>6} {'vs peer':>8} {'vs serial':>9}"
     )
     lines = [head]
     for r in table:
         lines.append(
-            f"{r['net']:>15} {r['sizes']:>16} {r['batch']:>5} {r['grid']:>5} {r['p']:>2} {r['mode']:>8} "
-            f"{r['time_per_step'] * 1e3:>10.2f} {r['speedup']:>8.3g} {r['efficiency']:>6.3g} "
-            f"{r['vs_peer']:>8.3g} {r['vs_serial']:>9.3g}"
+            f"{r['net']:>15} {r['sizes']:>16} {r['batch']:>5} {r['grid']:>5} {r['p']:>2} {r['mode']:>13} "
+            f"{r['time_per_step'] * 1e3:>10.3f} {_fmt(r.get('setup_s')):>8} {r['speedup']:>8.3g} "
+            f"{r['efficiency']:>6.3g} {_fmt(r.get('hw_efficiency')):>6} {r['vs_peer']:>8.3g} {r['vs_serial']:>9.3g}"
         )
     return "\n".join(lines)
 
@@ -484,7 +660,7 @@ def write_outputs(result: dict, out_dir) -> dict:
     paths["json"] = json_path
     table = result["table"]
     columns = {}
-    for key in table[0]:
+    for key in dict.fromkeys(k for r in table for k in r):  # every row's keys: serial rows lack some
         values = [r.get(key) for r in table]
         if all(isinstance(v, str) for v in values):
             # variable-width strings: zarr v3 has a specification for them (fixed-width has none)
@@ -612,6 +788,19 @@ def format_checks(checks: dict) -> str:
             f"{'met' if c['met'] else 'NOT met'}); graph {c['graph_s']:.3g} s, peer {c['peer_s']:.3g} s, "
             f"serial {c['serial_s']:.3g} s per step"
         )
+    c = checks.get("large_bound")
+    if c:
+        lines.append(
+            f"large net, grid='auto' ({c['grid']} {c['mode']}) against the hardware's bound: {c['value']:.3g} "
+            f"(target {c['target']}: {'met' if c['met'] else 'NOT met'}); {c['step_s']:.3g} s per step of "
+            f"{c['gflop']:.4g} GFLOP, bound {c['bound_s']:.3g} s, set-up {_fmt(c['setup_s'])} s"
+        )
+    for net, c in checks.get("resident_1x1_vs_serial", {}).items():
+        lines.append(
+            f"1x1 resident / serial, {net}: {c['ratio']:.3g} (target {c['target']}: "
+            f"{'met' if c['met'] else 'NOT met'}); {c['step_s'] * 1e3:.3g} ms against {c['serial_s'] * 1e3:.3g} ms "
+            f"per step, plus {_fmt(c['setup_s'] and c['setup_s'] * 1e3)} ms set-up per fit"
+        )
     c = checks.get("resident_vs_graph")
     if c:
         lines.append(
@@ -655,10 +844,13 @@ __all__ = [
     "BenchConfig",
     "PAPER_NETS",
     "clean_json",
+    "cluster_cores",
     "format_checks",
     "format_table",
+    "gemm_rate",
     "machine_info",
     "plot",
     "run_bench",
+    "step_flops",
     "write_outputs",
 ]

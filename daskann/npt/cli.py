@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import click
 
 from daskann._cli_common import (
-    _int_list,
+    bench_output_option,
     cli_errors,
     cluster_options,
     connect,
     data_options,
+    network_options,
     output_options,
     run_training,
     training_options,
 )
 from daskann.npt.trainer import MODES, PIPELINES
+
+
+def mode_option(help: str):
+    """``--mode``: graph, resident or auto (the cost model's choice)."""
+    return click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True, help=help)
 
 
 def _connect(opts: dict, *, quiet: bool):
@@ -58,13 +63,7 @@ def _nanmedian(values):
     show_default=True,
     help="Process grid: 'auto' (cost model), 'RxC' such as 2x2 or 2x4, or Q for QxQ.",
 )
-@click.option(
-    "--mode",
-    type=click.Choice(MODES),
-    default="auto",
-    show_default=True,
-    help="graph: a task per block product; resident: one long-lived task per worker.",
-)
+@mode_option("graph: a task per block product; resident: one long-lived task per worker.")
 @click.option("--share-workers", is_flag=True, help="Allow a grid with more cells than workers.")
 @click.option(
     "--pipeline",
@@ -103,26 +102,10 @@ def train_command(**opts):
 
 
 @click.command("plan")
-@click.option(
-    "--hidden", default="64", show_default=True, callback=_int_list, help="Hidden layer widths, comma-separated."
-)
-@click.option("--n-features", type=int, default=64, show_default=True, help="Input width.")
-@click.option("--n-outputs", type=int, default=10, show_default=True, help="Output width.")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per training step.")
-@click.option(
-    "--dtype",
-    type=click.Choice(["float64", "float32"]),
-    default="float64",
-    show_default=True,
-    help="Floating-point type (sets the bytes each message moves).",
-)
-@click.option(
-    "--mode",
-    type=click.Choice(MODES),
-    default="auto",
-    show_default=True,
-    help="Mode each grid is ranked by: graph, resident, or auto (the cost model picks per grid, as "
-    "NPTTrainer does); the table shows both modes' times either way.",
+@network_options
+@mode_option(
+    "Mode each grid is ranked by: graph, resident, or auto (the cost model picks per grid, as "
+    "NPTTrainer does); the table shows both modes' times either way."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the cost model and table as JSON.")
 @cluster_options
@@ -190,14 +173,7 @@ def _clean(value):
 
 @click.command("npt")
 @cluster_options
-@click.option(
-    "--output",
-    "-o",
-    type=click.Path(path_type=Path),
-    default=Path("bench-npt"),
-    show_default=True,
-    help="Folder for bench-npt.json, bench-npt.zarr and the PNG plots.",
-)
+@bench_output_option("bench-npt", "Folder for bench-npt.json, bench-npt.zarr and the PNG plots.")
 @click.option(
     "--nets",
     default="one-hidden,two-hidden,two-hidden-256",
@@ -214,8 +190,17 @@ def _clean(value):
 @click.option(
     "--large-width", type=int, default=4096, show_default=True, help="Width of the large net's layers (0 skips it)."
 )
+@click.option(
+    "--large-hidden", type=int, default=0, show_default=True, help="Hidden width of the large net (0: --large-width)."
+)
 @click.option("--large-batch", type=int, default=4096, show_default=True)
 @click.option("--large-steps", type=int, default=2, show_default=True)
+@click.option(
+    "--large-grids",
+    default="2x2",
+    show_default=True,
+    help="Grids of the large net's sweep in graph and resident mode (grid='auto' runs besides; comma-separated).",
+)
 @click.option(
     "--widths",
     default="256,512,1024,2048",
@@ -232,7 +217,20 @@ def _clean(value):
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @cli_errors
 def bench_command(
-    output, nets, grids, steps, large_width, large_batch, large_steps, widths, modes, quick, as_json, **opts
+    output,
+    nets,
+    grids,
+    steps,
+    large_width,
+    large_hidden,
+    large_batch,
+    large_steps,
+    large_grids,
+    widths,
+    modes,
+    quick,
+    as_json,
+    **opts,
 ):
     """Time per step, speedup and efficiency of NPT against p, against serial and dask.array's @."""
     from daskann._validation import check_int, invalid
@@ -241,9 +239,11 @@ def bench_command(
     from daskann.npt.grid import parse_grid
 
     grid_list = [g.strip() for g in grids.split(",") if g.strip()]
-    for g in grid_list:
-        if parse_grid(g) == "auto":
-            raise invalid("grids", g, "explicit grids such as 1x2,2x2")
+    large_grid_list = [g.strip() for g in large_grids.split(",") if g.strip()]
+    for flag, values in (("grids", grid_list), ("large_grids", large_grid_list)):
+        for g in values:
+            if parse_grid(g) == "auto":
+                raise invalid(flag, g, "explicit grids such as 1x2,2x2")
     net_list = [n.strip() for n in nets.split(",") if n.strip()]
     for n in net_list:
         if n not in bench.PAPER_NETS:
@@ -261,6 +261,8 @@ def bench_command(
         large_width=check_int("large_width", large_width, minimum=0),
         large_batch=check_int("large_batch", large_batch),
         large_steps=check_int("large_steps", large_steps),
+        large_hidden=check_int("large_hidden", large_hidden, minimum=0),
+        large_grids=["x".join(map(str, parse_grid(g))) for g in large_grid_list],
     )
     if steps is not None:
         config.graph_steps = config.peer_steps = check_int("steps", steps)
@@ -270,6 +272,7 @@ def bench_command(
         config.graph_steps = config.peer_steps = min(config.graph_steps, 3)
         config.resident_steps, config.serial_steps, config.warmup = 5, 10, 1
         config.large_width, config.large_batch = min(config.large_width, 256), min(config.large_batch, 256)
+        config.large_hidden = min(config.large_hidden, 512)
         config.large_steps, config.large_warmup = 2, 1
         config.widths = config.widths[:2] if config.widths else []
         config.width_batch = 64

@@ -70,14 +70,20 @@ class CostModel:
     n_workers: int
 
     def rate(self, busy: int) -> float:
-        """Flop rate of one worker while ``busy`` workers multiply (interpolated)."""
+        """Flop rate of one worker while ``busy`` workers multiply.
+
+        Interpolates the cluster's aggregate rate ``p * flop_rate[p]``, not the
+        per-worker rate: with 4 workers on 2 cores, 3 busy workers share the
+        2 cores' throughput (the per-worker line would promise 1.5 cores' worth more).
+        """
         known = sorted(self.flop_rate)
         if busy <= known[0]:
             return self.flop_rate[known[0]]
         for lo, hi in zip(known[:-1], known[1:], strict=True):
             if lo <= busy <= hi:
                 f = (busy - lo) / (hi - lo)
-                return self.flop_rate[lo] * (1 - f) + self.flop_rate[hi] * f
+                total = lo * self.flop_rate[lo] * (1 - f) + hi * self.flop_rate[hi] * f
+                return total / busy
         # beyond the measured range: aggregate throughput stays flat
         top = known[-1]
         return self.flop_rate[top] * top / busy

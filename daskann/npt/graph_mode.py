@@ -38,6 +38,9 @@ from daskann.npt.cannon import TrafficLedger, add_product
 from daskann.npt.grid import ProcessGrid, split_bounds
 from daskann.npt.matrix import Block, GridMatrix, scatter_to
 
+# largest weight block (bytes) stored with its velocity under one key in fused mode
+PACK_LIMIT = 64 * 2**10
+
 
 @dataclass
 class GridState:
@@ -53,7 +56,7 @@ class GridState:
         keys = []
         for w, v, b in zip(self.weights, self.velocities, self.biases, strict=True):
             keys += w.keys() + v.keys() + [blk.key for blk in b]
-        return list(dict.fromkeys(keys))  # packed blocks hold a weight and its velocity under one key
+        return list(dict.fromkeys(keys))  # a packed block holds a weight and its velocity under one key
 
 
 @dataclass
@@ -100,14 +103,15 @@ class GraphEngine:
         self.settings = settings
         self.prefix = prefix
         self.chains = chains
-        # tiny blocks: a weight block and its velocity under one key, updated by the task
-        # that finishes the weight gradient (no separate update task)
-        self.packed = chains == 0
         self.dtype = np.dtype(settings["dtype"])
         self.n_layers = len(self.sizes) - 1
         self.panel_loss = not (settings["loss"] == "mse" and settings["output"] == "linear")
         self.col_bounds = [split_bounds(n, grid.cols) for n in self.sizes]
         self.row_bounds = [split_bounds(n, grid.rows) for n in self.sizes]
+        # tiny blocks in one task per product: a weight block and its velocity under one key, updated by the
+        # task that finishes the weight gradient (no update task); larger ones keep two keys, so that a
+        # weight block borrowed for a product moves without its velocity
+        self.packed = chains == 0 and self._largest_weight_block() <= PACK_LIMIT
         self.ledgers: dict[int, int] = {}
 
     # -- placement ------------------------------------------------------------------
@@ -256,8 +260,79 @@ class GraphEngine:
         state = GridState(0, weights, velocities, biases)
         return self._attach(state, builder.submit(state.keys()))
 
-    def _born_matrix(self, builder: GraphBuilder, seed: int, layer: int, kind: str, field_name) -> GridMatrix:
-        """Layer ``layer``'s weights (``kind`` "w"), velocity ("v") or both packed ("wv", read as ``field_name``)."""
+    def stored_state(self, path, step: int) -> GridState:
+        """The state saved in the checkpoint store ``path``, each block read by a task on its owner.
+
+        The store may come from any grid (or a single process): each task reads, and verifies, the
+        written blocks its own block overlaps; no weight passes through the client.
+        """
+        grid, path = self.grid, str(path)
+        builder = GraphBuilder(self.client, f"{self.prefix}-load{step}")
+        weights, velocities, biases = [], [], []
+        for layer in range(self.n_layers):
+            kinds = (("wv", "w"), ("wv", "v")) if self.packed else (("w", None), ("v", None))
+            mats = [self._born_matrix(builder, None, layer, kind, field_name, path=path) for kind, field_name in kinds]
+            weights.append(mats[0])
+            velocities.append(mats[1])
+            line = []
+            for j, c in enumerate(self.col_bounds[layer + 1]):
+                key = builder.add(f"{builder.name}-b{layer}-{j}", _stored_bias, path, layer, c, owner=grid.owner(0, j))
+                line.append(Block(key, (1, c[1] - c[0]), field="b"))
+            biases.append(line)
+        state = GridState(step, weights, velocities, biases)
+        return self._attach(state, builder.submit(state.keys()))
+
+    def store_layout(self) -> dict:
+        """The arrays of a checkpoint of this net (:func:`daskann.store.write_block_group`), cut on the grid."""
+        from daskann.store import BlockArray
+
+        layout, name = {}, self.dtype.name
+        for layer in range(self.n_layers):
+            rows, cols = tuple(self.row_bounds[layer]), tuple(self.col_bounds[layer + 1])
+            shape = (self.sizes[layer], self.sizes[layer + 1])
+            for array in (f"weights/{layer}", f"velocity/{2 * layer}"):
+                layout[array] = BlockArray(shape, name, (rows, cols))
+            for array in (f"biases/{layer}", f"velocity/{2 * layer + 1}"):
+                layout[array] = BlockArray((shape[1],), name, (cols,))
+        return layout
+
+    def submit_save(self, state: GridState, tmp) -> list:
+        """Every block of ``state`` written into the open block store ``tmp`` by a task on its owner.
+
+        Returns futures of ``[(array, "i.j", sha256), ...]``, one list per task.
+        """
+        grid, tmp = self.grid, str(tmp)
+        builder = GraphBuilder(self.client, f"{self.prefix}-save{state.step}-{uuid.uuid4().hex[:6]}")
+        keys = []
+        for layer in range(self.n_layers):
+            for tag, array, mat in (
+                ("w", f"weights/{layer}", state.weights[layer]),
+                ("v", f"velocity/{2 * layer}", state.velocities[layer]),
+            ):
+                for i, r in enumerate(mat.row_bounds):
+                    for j, c in enumerate(mat.col_bounds):
+                        blk = mat.blocks[i][j]
+                        spec = blk.spec(builder.ref(blk.key))
+                        key = f"{builder.name}-{tag}{layer}-{i}-{j}"
+                        keys.append(
+                            builder.add(key, _save_block, tmp, array, f"{i}.{j}", (r, c), spec, owner=mat.owner(i, j))
+                        )
+            names = (f"biases/{layer}", f"velocity/{2 * layer + 1}")
+            for j, (blk, c) in enumerate(zip(state.biases[layer], self.col_bounds[layer + 1], strict=True)):
+                key = f"{builder.name}-b{layer}-{j}"
+                keys.append(
+                    builder.add(key, _save_bias, tmp, names, j, c, builder.ref(blk.key), owner=grid.owner(0, j))
+                )
+        futures = builder.submit(keys, keep=state.futures)
+        return [futures[k] for k in keys]
+
+    def _born_matrix(
+        self, builder: GraphBuilder, seed: int | None, layer: int, kind: str, field_name, *, path: str | None = None
+    ) -> GridMatrix:
+        """Layer ``layer``'s weights (``kind`` "w"), velocity ("v") or both packed ("wv", read as ``field_name``).
+
+        Seeded blocks, or with ``path``, blocks read from that checkpoint store.
+        """
         rows, cols = self.row_bounds[layer], self.col_bounds[layer + 1]
         shape = (self.sizes[layer], self.sizes[layer + 1])
         blocks = []
@@ -266,8 +341,11 @@ class GraphEngine:
             for j, c in enumerate(cols):
                 key = f"{builder.name}-{kind}{layer}-{i}-{j}"
                 if key not in builder.tasks:  # a packed block serves the weights and the velocity
-                    args = (seed, layer, shape, r, c, self.dtype.name, kind)
-                    builder.add(key, _born_weight, *args, owner=self.grid.owner(i, j))
+                    if path is None:
+                        args = (_born_weight, seed, layer, shape, r, c, self.dtype.name, kind)
+                    else:
+                        args = (_stored_weight, path, layer, r, c, kind)
+                    builder.add(key, *args, owner=self.grid.owner(i, j))
                 size = (r[1] - r[0], c[1] - c[0])
                 line.append(self._packed_block(key, size, field_name) if self.packed else Block(key, size))
             blocks.append(line)
@@ -290,6 +368,15 @@ class GraphEngine:
             weights, biases, activation=like.activation, output=like.output, negative_slope=like.negative_slope
         )
         return model, velocity
+
+    def _largest_weight_block(self) -> int:
+        """Bytes of the largest weight block on the grid."""
+        return max(
+            (r1 - r0) * (c1 - c0) * self.dtype.itemsize
+            for layer in range(self.n_layers)
+            for r0, r1 in self.row_bounds[layer]
+            for c0, c1 in self.col_bounds[layer + 1]
+        )
 
     @staticmethod
     def _packed_block(key: str, shape, field: str) -> Block:
@@ -346,10 +433,12 @@ class GraphEngine:
         return new, loss_futures
 
     def _weight_updates(self, builder, ledger, W, V, A_prev, dZ, grad_name: str, update_name: str):
-        """A layer's new weights and velocity, from its gradient ``A_prev.T @ dZ``."""
+        """A layer's new weights and velocity, from its gradient ``A_prev.T @ dZ``.
+
+        Two keys per block, so that a weight block borrowed for a product moves without its velocity.
+        """
         s = self.settings
         if self.packed:
-            # the task finishing each weight-gradient block also updates the block: {"w", "v"}
             P = add_product(
                 builder,
                 A_prev,
@@ -614,6 +703,42 @@ def _born_weight(seed: int, layer: int, shape, rows, cols, dtype: str, kind: str
         return np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype)
     w = init_weight_block(seed, layer, shape, rows, cols, dtype)
     return {"w": w, "v": np.zeros_like(w)} if kind == "wv" else w
+
+
+def _stored_weight(path: str, layer: int, rows, cols, kind: str):
+    """As :func:`_born_weight`, read from the checkpoint store ``path``."""
+    from daskann.store import read_region
+
+    if kind == "v":
+        return read_region(path, f"velocity/{2 * layer}", (rows, cols))
+    w = read_region(path, f"weights/{layer}", (rows, cols))
+    return {"w": w, "v": read_region(path, f"velocity/{2 * layer}", (rows, cols))} if kind == "wv" else w
+
+
+def _stored_bias(path: str, layer: int, cols) -> dict:
+    """As :func:`_born_bias`, read from the checkpoint store ``path``."""
+    from daskann.store import read_region
+
+    return {
+        "b": read_region(path, f"biases/{layer}", (cols,)),
+        "v": read_region(path, f"velocity/{2 * layer + 1}", (cols,)),
+    }
+
+
+def _save_block(tmp: str, array: str, index: str, region, spec) -> list:
+    """Write one weight or velocity block (an operand spec) into the open store ``tmp``."""
+    from daskann.store import write_block
+
+    return [(array, index, write_block(tmp, array, region, _kernels.operand(spec)))]
+
+
+def _save_bias(tmp: str, names, j: int, cols, value: dict) -> list:
+    """Write a bias block and its velocity (graph mode's ``{"b", "v"}``) into the open store ``tmp``."""
+    from daskann.store import write_block
+
+    return [
+        (name, str(j), write_block(tmp, name, (cols,), value[part])) for name, part in zip(names, "bv", strict=True)
+    ]
 
 
 def _born_bias(seed: int, layer: int, shape, cols, dtype: str) -> dict:

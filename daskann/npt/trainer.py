@@ -80,7 +80,10 @@ class NPTTrainer(BaseTrainer):
     Attributes
     ----------
     model_ : MLP
-        The trained network, gathered from the grid at the end.
+        The trained network (numpy), read when first touched: graph mode
+        leaves the final state on the grid and, with ``checkpoint_dir``, in
+        the last checkpoint its cells wrote; ``predict``, ``predict_proba``
+        and ``score`` run on the grid while the client does not hold it.
     weights_, biases_ : list of dask.array.Array
         The trained weights and biases chunked on the grid, read from their
         cells (graph mode on a cluster that is still running; otherwise
@@ -214,7 +217,7 @@ class NPTTrainer(BaseTrainer):
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
-        ckpt = self._load_resume(resume, settings, data, order) if resume is not None else None
+        ckpt = self._resume_info(resume, settings, data, order) if resume is not None else None
         from daskann.cluster import current_client, resolve_client
 
         with resolve_client(self.client) as client, current_client(client), self._run_lock():
@@ -226,22 +229,61 @@ class NPTTrainer(BaseTrainer):
             check_worker_memory(client, data.X.nbytes // max(bands, 1), name="X")
             self._settings, self._data, self.batch_order_, self._npt = settings, data, order, npt
             history = HistoryRecorder("step")
+            # the client holds the starting state only when it was given one (init_model); a checkpoint
+            # is read, and the seeded initialisation computed, block by block on the grid's cells
+            model = velocity = born = None
             if ckpt is not None:
-                model, velocity, done, born = ckpt.model, ckpt.velocity, ckpt.step, None
+                done = ckpt.step
                 history.extend_from(_previous_history(resume, done))
-            else:
+            elif init_model is not None:
                 model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
                 velocity, done = SGD.init_state(model.params), 0
-                # the seeded initialisation is computed block by block on the grid's cells
-                born = settings["seed"] if init_model is None else None
-            self._check_checkpoint_space(settings, model.sizes, done, total)
-            self._setup_grid(client, npt, model.sizes, settings)
-            self._run(client, model, velocity, done, total, history, born=born)
+            else:
+                done, born = 0, settings["seed"]
+            self._sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
+            self._check_checkpoint_space(settings, self._sizes, done, total)
+            self._setup_grid(client, npt, self._sizes, settings)
+            self._check_block_memory(client, settings)
+            source = None if ckpt is None else ckpt.path
+            self._run(client, model, velocity, done, total, history, born=born, source=source)
         return self
+
+    def _resume_info(self, resume, settings, data, order):
+        """The checkpoint to resume from, checked against this training; its arrays stay on disk."""
+        from daskann import store
+
+        info = store.checkpoint_info(resume)
+        if not store.is_block_store(info.path):
+            # written by one process, so small enough to verify here, before any task; the blocks of a
+            # store written by the cells are verified by the tasks that read them
+            store.read_array_group(info.path, kind="checkpoint")
+        self._check_resume(resume, info, settings, data, order)
+        return info
+
+    def _check_block_memory(self, client, settings) -> None:
+        """Refuse a grid whose blocks cannot fit a worker, before any training task.
+
+        A worker holds the weights and velocity of its cells plus, while a Cannon product runs, at most
+        two blocks of each operand (the one in use and the next one travelling).
+        """
+        from daskann.cluster import check_worker_memory
+
+        grid, sizes, itemsize = self.grid_, self._sizes, np.dtype(settings["dtype"]).itemsize
+        cells = max(grid.workers.count(w) for w in set(grid.workers))
+        own = sum(-(-a // grid.rows) * -(-b // grid.cols) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        batch = -(-settings["batch_size"] // grid.rows)
+        widest = max(-(-a // grid.rows) * -(-b // grid.cols) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+        flight = 2 * (widest + batch * -(-max(sizes) // grid.cols))
+        check_worker_memory(
+            client,
+            (2 * own + flight) * cells * itemsize,
+            name="grid",
+            what=f"{grid.rows}x{grid.cols} blocks (weights, velocity and Cannon operands in flight)",
+        )
 
     def partial_fit(self, X=None, y=None, *, steps=1):
         """Continue training for ``steps`` more steps on the same grid (same data when X, y are None)."""
-        if not hasattr(self, "model_"):
+        if not self.__sklearn_is_fitted__():
             if X is None:
                 raise RuntimeError("partial_fit needs X and y on its first call")
             return self.fit(X, y, steps=steps)
@@ -261,8 +303,94 @@ class NPTTrainer(BaseTrainer):
             alive = live_workers(client)
             if not set(self.grid_.workers) <= set(alive):
                 self.grid_ = ProcessGrid.from_workers(self.grid_.shape, alive, share_workers=True)
-            self._run(client, self.model_, self.velocity_, self.n_steps_, self.n_steps_ + steps, history)
+            # continue from the last store the cells wrote, when the client does not hold the model
+            source = self.__dict__.get("_final_store") if self.__dict__.get("_model") is None else None
+            model, velocity = (None, None) if source is not None else (self.model_, self.velocity_)
+            self._run(client, model, velocity, self.n_steps_, self.n_steps_ + steps, history, source=source)
         return self
+
+    @property
+    def model_(self) -> MLP:
+        """The trained network (numpy arrays), read when first touched.
+
+        From the final checkpoint the grid's cells wrote, else gathered from the grid; until then
+        the client holds no block.
+        """
+        if self.__dict__.get("_model") is None:
+            self._load_final()
+        return self._model
+
+    @model_.setter
+    def model_(self, value) -> None:
+        self._model = value
+
+    @property
+    def velocity_(self) -> list:
+        """SGD velocity per parameter (``model_.params`` order), read with :attr:`model_`."""
+        if self.__dict__.get("_model") is None:
+            self._load_final()
+        return self._velocity
+
+    @velocity_.setter
+    def velocity_(self, value) -> None:
+        self._velocity = value
+
+    def _load_final(self) -> None:
+        from daskann import store
+
+        path = self.__dict__.get("_final_store")
+        if path is not None:
+            ckpt = store.load_checkpoint(path)
+            self._model, self._velocity = ckpt.model, ckpt.velocity
+            return
+        state = self._live_grid_state()
+        if state is None:
+            raise AttributeError(f"{type(self).__name__} has no model_ (not fitted, or its grid is gone)")
+        self._model, self._velocity = self._gather_grid(state)
+
+    def _gather_grid(self, state):
+        """Model and velocity of a grid state, gathered to the client."""
+        from types import SimpleNamespace
+
+        from daskann.npt.graph_mode import GraphEngine
+
+        client = next(iter(state.futures.values())).client
+        engine = GraphEngine(client, self.grid_, sizes=self._sizes, settings=self._settings, prefix="gather")
+        like = SimpleNamespace(**{k: self._settings[k] for k in ("activation", "output", "negative_slope")})
+        return engine.gather_state(state, like)
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return any(self.__dict__.get(name) is not None for name in ("_model", "_final_store")) or (
+            self._live_grid_state() is not None
+        )
+
+    def _fitted_output(self) -> str:
+        return self._settings["output"]
+
+    def _check_predict_input(self, X):
+        from sklearn.utils.validation import check_is_fitted
+
+        from daskann._validation import check_features
+
+        check_is_fitted(self)
+        return check_features(X, name="X", dtype=self._settings["dtype"], n_features=self._sizes[0])
+
+    def _logits(self, X) -> np.ndarray:
+        """Computed on the grid, from :attr:`weights_`, while the client does not hold the model."""
+        state = self._live_grid_state()
+        if state is None or self.__dict__.get("_model") is not None:
+            return super()._logits(X)
+        import dask.array as da
+
+        from daskann.nn import activate
+
+        s, weights, biases = self._settings, self.weights_, self.biases_
+        A = da.from_array(X, chunks=(X.shape[0], weights[0].chunks[0]))
+        for W, b in zip(weights, biases, strict=True):
+            Z = A @ W + b
+            A = Z.map_blocks(activate, s["activation"], s["negative_slope"], dtype=Z.dtype)
+        client = next(iter(state.futures.values())).client
+        return client.compute(Z.rechunk({1: -1}), sync=True)
 
     @property
     def weights_(self) -> list:
@@ -283,10 +411,13 @@ class NPTTrainer(BaseTrainer):
         state = self._live_grid_state()
         if state is None:
             return super().biases_
-        return [_bias_to_dask(line, state.futures, self.model_.dtype) for line in state.biases]
+        return [_bias_to_dask(line, state.futures, np.dtype(self._settings["dtype"])) for line in state.biases]
 
     def __getstate__(self):
         # the final state's futures belong to one live client: a pickled trainer keeps model_ alone
+        if self.__dict__.get("_model") is None and self.__dict__.get("_final_store") is None:
+            if self._live_grid_state() is not None:
+                self._load_final()
         state = super().__getstate__()
         state.pop("_grid_state", None)
         return state
@@ -345,8 +476,18 @@ class NPTTrainer(BaseTrainer):
         self.recoveries_ = 0
 
     def _run(
-        self, client, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder, *, born: int | None = None
+        self,
+        client,
+        model: MLP | None,
+        velocity,
+        start: int,
+        stop: int,
+        history: HistoryRecorder,
+        *,
+        born: int | None = None,
+        source=None,
     ) -> None:
+        """Train from ``model`` and ``velocity``, or (both None) the store ``source`` or the seed ``born``."""
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
@@ -370,12 +511,16 @@ class NPTTrainer(BaseTrainer):
             offset=history.last_value("time", default=0.0),
             seed=born,
         )
-        self._grid_state = None
+        self._grid_state = self._final_store = None
+        if model is None and self.mode_ != "graph":
+            model, velocity = self._client_state(source)  # resident mode starts from the client
         self.model_, self.velocity_ = model, velocity
         diverged = None
         try:
-            run = self._run_graph if self.mode_ == "graph" else self._run_resident
-            diverged = run(client, model, velocity, stretch, history, bar)
+            if self.mode_ == "graph":
+                diverged = self._run_graph(client, model, velocity, stretch, history, bar, source=source)
+            else:
+                diverged = self._run_resident(client, model, velocity, stretch, history, bar)
         finally:
             bar.close()
             self.n_steps_ = history.last_coord(default=start)
@@ -389,10 +534,44 @@ class NPTTrainer(BaseTrainer):
                 }
             )
             if self.mode_ == "graph":
-                attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[self._chains(model.sizes)]
+                attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[self._chains(self._sizes)]
             self.history_ = history.to_dataset(attrs)
         if diverged is not None:
             raise TrainingDiverged(*diverged)
+
+    def _client_state(self, source):
+        """Model and velocity on the client: read from the store ``source``, or the seeded initialisation."""
+        from daskann import store
+
+        if source is not None:
+            ckpt = store.load_checkpoint(source)
+            return ckpt.model, ckpt.velocity
+        settings = self._settings
+        model = self._initial_model(settings, self._sizes[0], self._sizes[-1], None)
+        return model, SGD.init_state(model.params)
+
+    def _block_checkpoint_fn(self, stop: int):
+        """Graph mode's ``on_checkpoint``: a store whose blocks the cells write, committed here."""
+        from daskann import store
+
+        settings, order = self._settings, self.batch_order_
+        config = {
+            "sizes": list(self._sizes),
+            "activation": settings["activation"],
+            "output": settings["output"],
+            "dtype": np.dtype(settings["dtype"]).name,
+            "negative_slope": settings["negative_slope"],
+        }
+
+        def save(step, layout, write):
+            extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
+            attrs = store.checkpoint_attrs(config, step, order.get_state(), self._training_config(settings), extra)
+            path = store.write_block_group(store.checkpoint_path(self.checkpoint_dir, step), layout, write, attrs)
+            if step == stop:
+                self._final_store = path
+            return path
+
+        return save
 
     def _checkpoint_fn(self):
         settings, order = self._settings, self.batch_order_
@@ -409,7 +588,7 @@ class NPTTrainer(BaseTrainer):
 
         return save
 
-    def _run_graph(self, client, model, velocity, stretch: _Stretch, history, bar):
+    def _run_graph(self, client, model, velocity, stretch: _Stretch, history, bar, *, source=None):
         from daskann.npt._graph_run import GraphRun, train_graph
 
         data = self._data
@@ -421,21 +600,26 @@ class NPTTrainer(BaseTrainer):
             settings=self._settings,
             stop=stretch.stop,
             run_id=stretch.run_id,
-            chains=self._chains(model.sizes),
+            chains=self._chains(self._sizes),
             timeout=self._npt["timeout"],
             eval_steps=stretch.eval_steps,
             checkpoint_steps=stretch.ckpt_steps,
-            on_checkpoint=self._checkpoint_fn(),
+            on_checkpoint=self._block_checkpoint_fn(stretch.stop),
             progress=lambda done, loss: bar.update(done, loss=loss),
             time_offset=stretch.offset,
             seed=stretch.seed,
+            sizes=tuple(self._sizes),
         )
-        result = train_graph(client, self.grid_, run, model=model, velocity=velocity, start=stretch.start)
+        result = train_graph(client, self.grid_, run, model=model, velocity=velocity, start=stretch.start, path=source)
         for done in sorted(result.rows):
             history.append(done, **result.rows[done])
+        # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
         self.model_, self.velocity_ = result.model, result.velocity
         self._grid_state = result.state
         self.grid_ = result.grid
+        if result.model is None and self._final_store is None and self.client is None:
+            # the cluster of client=None may close after fit: gather while it runs
+            self.model_, self.velocity_ = self._gather_grid(result.state)
         self.recoveries_ += result.recoveries
         if result.diverged_step is not None:
             return result.diverged_step, result.diverged_what

@@ -2,63 +2,60 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from daskann._cli_common import (
+    bench_options,
     cli_errors,
     cluster_options,
     connect,
     data_options,
+    data_path_option,
     option_errors,
+    option_group,
     output_options,
+    report_options,
     run_training,
     training_options,
 )
 
-
-def _partition_options(func):
-    options = [
-        click.option("-k", "--k", "k", type=int, default=2, show_default=True, help="Number of sub-models."),
-        click.option(
-            "--combine",
-            type=click.Choice(["mean", "sum"]),
-            default="mean",
-            show_default=True,
-            help="Output layer of the merge: mean or sum of the sub-models' logits.",
-        ),
-        click.option(
-            "--merge-noise",
-            type=float,
-            default=0.02,
-            show_default=True,
-            help="Uniform merge noise relative to each parameter array's largest |value| "
-            "(--noise is the linear data's noise).",
-        ),
-        click.option("--sub-steps", type=int, default=None, help="Steps of each sub-model (default: as fine-tuning)."),
-        click.option("--sub-epochs", type=int, default=None, help="Epochs of each sub-model instead of steps."),
-        click.option("--sequential", is_flag=True, help="Train the sub-models one after another, not in parallel."),
-        click.option(
-            "--sub-trainer",
-            type=click.Choice(["serial", "npt"]),
-            default="serial",
-            show_default=True,
-            help="Trainer of the sub-models.",
-        ),
-        click.option(
-            "--finetune-trainer",
-            type=click.Choice(["serial", "npt"]),
-            default=None,
-            help="Trainer of the merged network (default: as --sub-trainer).",
-        ),
-        click.option(
-            "--retries", type=int, default=2, show_default=True, help="Extra attempts of a sub-model task that raises."
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+_partition_options = option_group(
+    click.option("-k", "--k", "k", type=int, default=2, show_default=True, help="Number of sub-models."),
+    click.option(
+        "--combine",
+        type=click.Choice(["mean", "sum"]),
+        default="mean",
+        show_default=True,
+        help="Output layer of the merge: mean or sum of the sub-models' logits.",
+    ),
+    click.option(
+        "--merge-noise",
+        type=float,
+        default=0.02,
+        show_default=True,
+        help="Uniform merge noise relative to each parameter array's largest |value| "
+        "(--noise is the linear data's noise).",
+    ),
+    click.option("--sub-steps", type=int, default=None, help="Steps of each sub-model (default: as fine-tuning)."),
+    click.option("--sub-epochs", type=int, default=None, help="Epochs of each sub-model instead of steps."),
+    click.option("--sequential", is_flag=True, help="Train the sub-models one after another, not in parallel."),
+    click.option(
+        "--sub-trainer",
+        type=click.Choice(["serial", "npt"]),
+        default="serial",
+        show_default=True,
+        help="Trainer of the sub-models.",
+    ),
+    click.option(
+        "--finetune-trainer",
+        type=click.Choice(["serial", "npt"]),
+        default=None,
+        help="Trainer of the merged network (default: as --sub-trainer).",
+    ),
+    click.option(
+        "--retries", type=int, default=2, show_default=True, help="Extra attempts of a sub-model task that raises."
+    ),
+)
 
 
 def _connect(opts: dict):
@@ -165,12 +162,7 @@ def make_probe(opts: dict):
 @click.option(
     "--dataset", type=click.Choice(["mnist1d", "digits", "mnist", "cifar10"]), default="mnist1d", show_default=True
 )
-@click.option(
-    "--data-path",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Folder with MNIST IDX files or CIFAR-10 python batches.",
-)
+@data_path_option()
 @click.option("--n-samples", type=int, default=None, help="Samples before the split (default: the benchmark's).")
 @click.option(
     "--hidden", default=None, help="Hidden widths of the full network (default: 512,512,512; digits 256,256)."
@@ -187,18 +179,12 @@ def make_probe(opts: dict):
 @click.option("--eval-every", type=int, default=None, help="Validate every N steps, in every variant.")
 @click.option("--combine", type=click.Choice(["mean", "sum"]), default="mean", show_default=True)
 @click.option("--merge-noise", type=float, default=0.02, show_default=True)
-@click.option("--workers", type=int, default=2, show_default=True, help="Workers of the embedded LocalCluster.")
-@click.option("--address", default=None, help="Scheduler address instead of an embedded cluster.")
-@click.option(
-    "--output",
-    "-o",
-    type=click.Path(path_type=Path),
-    default=Path("bench-results/partition"),
-    show_default=True,
-    help="Folder for the JSON report and the PNG plot.",
+@bench_options(
+    workers_help="Workers of the embedded LocalCluster.",
+    output="bench-results/partition",
+    output_help="Folder for the JSON report and the PNG plot.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the JSON report.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@report_options
 @cli_errors
 def bench_command(**opts):
     """Time to a target validation accuracy: full training vs. k sub-models (parallel, sequential)."""

@@ -8,10 +8,18 @@ A cluster is five numbers and the worker counts to predict for::
     bandwidth: 1.0e10      # bytes/s of one link
     task_overhead: 0.0     # scheduler seconds per task (0 for an MPI-like runtime)
 
-and three optional ones, ``gemm_overhead`` (fixed seconds of a GEMM call),
-``layer_overhead`` (seconds of the non-GEMM work of one layer in one training
-step) and ``store_overhead`` (seconds of one zarr chunk read or written); they
-default to 0 and matter for small nets only.
+and optional ones that default to 0 and matter for small nets and short
+tasks: ``gemm_overhead`` (fixed seconds of a GEMM call), ``layer_overhead``
+(seconds of the non-GEMM work of one layer in one training step),
+``element_time`` (seconds per number a training step touches outside its
+GEMMs: activations, gradients, the weight update and its checks),
+``step_overhead`` (a trainer's bookkeeping per step), ``fit_overhead``
+(seconds to set up and finish one trainer's ``fit``), ``store_overhead``
+(seconds of one zarr chunk read or written), ``mgrit_task_overhead``
+(seconds of one MGRIT task beyond its training steps, timed in a short MGRIT
+solve on the live cluster; 0 builds it from the other numbers) and
+``partition_overhead`` (seconds of a partitioned run beyond its training:
+scattering the data, collecting and merging the sub-models).
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +36,18 @@ import numpy as np
 from daskann._validation import invalid
 
 REQUIRED = ("flop_rate", "latency", "bandwidth", "task_overhead")
-OPTIONAL = ("gemm_overhead", "layer_overhead", "store_overhead")
+OPTIONAL = (
+    "gemm_overhead",
+    "layer_overhead",
+    "element_time",
+    "step_overhead",
+    "fit_overhead",
+    "store_overhead",
+    "mgrit_task_overhead",
+    "partition_overhead",
+)
 #: keys that may be zero (an MPI-like runtime has no task overhead)
-ZERO_ALLOWED = ("task_overhead", "gemm_overhead", "layer_overhead", "store_overhead")
+ZERO_ALLOWED = ("task_overhead", *OPTIONAL)
 
 
 @dataclass(frozen=True)
@@ -52,8 +70,22 @@ class ClusterSpec:
         Fixed seconds of one GEMM call.
     layer_overhead : float
         Seconds of one layer's non-GEMM work in a training step.
+    element_time : float
+        Seconds per number a training step touches outside its GEMMs
+        (:func:`daskann.plan._model.step_elements` counts them).
+    step_overhead : float
+        Seconds of a trainer's bookkeeping per step (batch rows, checks, history).
+    fit_overhead : float
+        Seconds to set up and finish one trainer's ``fit`` (checks, history).
     store_overhead : float
         Seconds of one chunk read or written in a zarr store (MGRIT's trajectories).
+    mgrit_task_overhead : float
+        Seconds of one MGRIT task beyond its training steps: its scheduling in
+        an iteration's graph, its trajectory reads and writes and its result.
+        0 builds it from ``task_overhead``, ``latency`` and ``store_overhead``.
+    partition_overhead : float
+        Seconds of a partitioned run beyond its tasks and its training steps:
+        the data scattered to the workers, the sub-models collected and merged.
     name : str
         Where the numbers come from (a file, a profile, a live cluster).
     """
@@ -65,7 +97,12 @@ class ClusterSpec:
     task_overhead: float
     gemm_overhead: float = 0.0
     layer_overhead: float = 0.0
+    element_time: float = 0.0
+    step_overhead: float = 0.0
+    fit_overhead: float = 0.0
     store_overhead: float = 0.0
+    mgrit_task_overhead: float = 0.0
+    partition_overhead: float = 0.0
     name: str = "cluster"
 
     def to_dict(self) -> dict:
@@ -198,6 +235,153 @@ def _small_costs(repeats: int = 300) -> tuple[float, float]:
     return gemm, max(step - n_products * gemm, 0.0) / (len(sizes) - 1)
 
 
+def _trainer_costs(
+    flop_rate: float, gemm: float, layer: float, sizes=(64, 64, 64), batch_size: int = 64, *, repeats: int = 5
+) -> tuple:
+    """A trainer's ``step_overhead``, ``element_time`` and ``fit_overhead``, from real :class:`SerialTrainer` fits.
+
+    Two nets of the same depth, a tiny one and ``sizes`` (the planned net
+    where there is one), are fitted for 1 step and for about 0.2 s more: the tiny
+    net's step beyond its GEMMs and layers is the bookkeeping, the other's
+    step beyond that the work per number touched, and a one-step fit beyond
+    its step the set-up.
+    """
+    from daskann.plan._model import serial_step_seconds, step_elements
+    from daskann.serial import SerialTrainer
+
+    base = ClusterSpec((1,), flop_rate, 1.0, 1.0, 0.0, gemm_overhead=gemm, layer_overhead=layer)
+    rng = np.random.default_rng(0)
+
+    def per_step(sizes, batch: int) -> tuple[float, float]:
+        X, y = rng.standard_normal((4 * batch, sizes[0])), rng.standard_normal((4 * batch, sizes[-1]))
+        # about 0.2 s of steps, at least 20
+        steps = max(20, min(200, int(0.2 / max(serial_step_seconds(sizes, batch, base), 1e-9))))
+
+        def fit(n: int) -> float:
+            t0 = time.perf_counter()
+            SerialTrainer(sizes[1:-1], lr=1e-3, batch_size=batch).fit(X, y, steps=n)
+            return time.perf_counter() - t0
+
+        fit(1)  # imports and caches
+        # the fastest of a few: other work on the machine only ever adds to a sample
+        short = min(fit(1) for _ in range(repeats))
+        long = min(fit(1 + steps) for _ in range(repeats))
+        return short, max(long - short, 0.0) / steps
+
+    tiny_sizes = (8,) * len(sizes)
+    short, tiny = per_step(tiny_sizes, 8)
+    _, wide = per_step(sizes, batch_size)
+    step_overhead = max(tiny - serial_step_seconds(tiny_sizes, 8, base), 0.0)
+    extra = wide - serial_step_seconds(sizes, batch_size, base) - step_overhead
+    element_time = max(extra, 0.0) / step_elements(sizes, batch_size)
+    return step_overhead, element_time, max(short - tiny, 0.0)
+
+
+def _calibration_net(net, flop_rate: float, gemm: float, layer: float, *, longest: float = 2e-3) -> tuple:
+    """Sizes and batch whose steps :func:`_trainer_costs` times: the planned net's if a step is quick, else 64-wide."""
+    from daskann.plan._model import serial_step_seconds
+
+    if net is not None:
+        quick = ClusterSpec((1,), flop_rate, 1.0, 1.0, 0.0, gemm_overhead=gemm, layer_overhead=layer)
+        if serial_step_seconds(net.sizes, net.batch_size, quick) < longest:
+            return tuple(net.sizes), net.batch_size
+    return (64, 64, 64), 64
+
+
+def _pilot_net(net, steps: int, cluster: ClusterSpec, *, runs: float, budget: float = 1.0):
+    """The net a pilot trains, its data and its trainer settings.
+
+    ``net``'s layers where ``runs`` times ``steps`` of its steps take at most
+    ``budget`` seconds (a pilot should cost a second or two, not a training
+    run: a large net's costs are its arithmetic, which is measured apart),
+    else a tiny net.
+    """
+    from daskann.plan._model import Network, serial_step_seconds
+
+    if (
+        net is None
+        or net.n_layers < 2
+        or min(net.sizes[1:-1]) < 2
+        or runs * steps * serial_step_seconds(net.sizes, net.batch_size, cluster) > budget
+    ):
+        net = Network((8, 8, 2), 8, steps, n_samples=256, momentum=False, name="tiny")
+    net = replace(net, steps=steps)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((net.n_samples, net.sizes[0]))
+    y = rng.standard_normal((net.n_samples, net.sizes[-1]))
+    settings = {
+        "lr": 1e-3,
+        "momentum": 0.9 if net.momentum else 0.0,
+        "batch_size": net.batch_size,
+        "dtype": "float32" if net.itemsize == 4 else "float64",
+    }
+    return net, X.astype(settings["dtype"]), y.astype(settings["dtype"]), settings
+
+
+def _mgrit_task_cost(client, cluster: ClusterSpec, net=None, *, steps: int = 64, iterations: int = 4) -> float:
+    """Seconds of one MGRIT task beyond its steps, from a short solve on the live cluster.
+
+    The solve trains ``net``'s layers (a tiny net without one), so its tasks
+    read, write and return states of the size the user's run moves. The later
+    iterations' median time is matched by the work model's schedule of the
+    same graphs on the cluster's workers: the per-task cost at which they
+    agree includes what no-op tasks miss (the trajectory store's reads and
+    writes, the tasks' real arguments and results, the graph's scheduling).
+    """
+    from daskann.mgrit import MGRITTrainer
+    from daskann.plan._model import mgrit_iteration_seconds
+
+    net, X, y, settings = _pilot_net(net, steps, cluster, runs=3 * iterations)  # about three sweeps an iteration
+    config = {"preset": "solver2", "levels": 2, "cfactor": 4}
+    trainer = MGRITTrainer(
+        net.sizes[1:-1], **settings, **config, max_iter=iterations, tol=1e-300, require_convergence=False, client=client
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the pilot's convergence does not matter, its timing does
+        trainer.fit(X, y, steps=steps)
+    times = trainer.result_.iteration_times
+    measured = float(np.median(times[1:] if len(times) > 1 else times))  # the first also warms the workers up
+    p = len(client.scheduler_info()["workers"])
+
+    def later(cost: float) -> float:
+        return mgrit_iteration_seconds(net, replace(cluster, mgrit_task_overhead=cost), p, config)[1]
+
+    lo, hi = 1e-9, 1.0
+    if later(lo) >= measured:
+        return lo
+    while later(hi) < measured:
+        hi *= 4
+    for _ in range(40):  # the schedule grows with the per-task cost: bisect
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if later(mid) < measured else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def _partition_overhead(client, cluster: ClusterSpec, net=None, *, steps: int = 8, repeats: int = 3) -> float:
+    """Seconds of a partitioned run beyond what the model counts, from short runs on the live cluster.
+
+    Two sub-models of ``net`` (a tiny net without a hidden layer to split)
+    and the fine-tuning train ``steps`` steps each on data of ``net``'s size;
+    what the three phases take beyond the model's trainers, steps and
+    transfers is the run's own cost: the sub-model tasks scheduled, their
+    results (with their histories) collected, the fine-tuner started.
+    """
+    from daskann.partition import PartitionTrainer
+    from daskann.plan._model import partition_seconds
+
+    net, X, y, settings = _pilot_net(net, 2 * steps, cluster, runs=repeats)
+    spent = []
+    for _ in range(repeats):
+        trainer = PartitionTrainer(net.sizes[1:-1], **settings, k=2, sub_steps=steps, client=client)
+        trainer.fit(X, y, steps=steps)
+        spent.append(sum(trainer.timings_[phase] for phase in ("submodel", "merge", "finetune")))
+    p = len(client.scheduler_info()["workers"])
+    # the model's training and transfers alone: a negligible own cost stands in for the one measured here
+    tiny = 1e-12
+    work = partition_seconds(net, replace(cluster, partition_overhead=tiny), p, 2, 0.5) - tiny
+    return max(float(np.median(spent)) - work, 1e-9)
+
+
 def _store_cost(repeats: int = 20) -> float:
     """Seconds of one small chunk written or read in a zarr store on local disk, the store opened each time."""
     import tempfile
@@ -223,21 +407,37 @@ def _payload(nbytes: int, *deps):
     return np.ones(max(nbytes // 8, 1))
 
 
-def measure_cluster(client, *, workers=None, n_tasks: int = 200) -> ClusterSpec:
-    """Measure a live cluster: GEMM rate, message latency, link bandwidth, per-task cost.
+def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> ClusterSpec:
+    """Measure a live cluster: GEMM rate, message latency, link bandwidth, per-task costs.
 
     Small timed GEMMs run on every worker at once (so workers sharing cores
-    show it); a chain of dependent tiny tasks alternating between two workers
-    gives the per-message latency; a few MB moved between them the bandwidth;
-    a batch of no-op tasks the scheduler's cost per task.
+    show it); short :class:`SerialTrainer` fits on every worker at once give
+    a training step's costs beyond its GEMMs; a chain of dependent tiny tasks alternating
+    between two workers gives the per-message latency; a few MB moved between
+    them the bandwidth; a batch of no-op tasks the scheduler's cost per task;
+    a short MGRIT solve the cost of a real MGRIT task, and short partitioned
+    runs what a partitioned run costs beyond its training.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    workers : ignored
+    n_tasks : int
+        No-op tasks timed for the per-task cost.
+    net : Network, optional
+        The net the pilots train (so that their tasks move states and data of
+        its size); a tiny net without it.
     """
     names = sorted(client.scheduler_info()["workers"])
     if not names:
         raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
     rates = [v for _ in range(3) for v in client.run(_gemm_rate, workers=names).values()]
     flop_rate = float(np.max(rates))  # the machine's rate: other load on it only ever lowers a sample
-    small = client.run(_small_costs, workers=names[:1])
-    gemm, layer = next(iter(small.values()))
+    # like the GEMMs, on every worker at once (workers sharing cores share them), the median worker's
+    gemm, layer = np.median(list(client.run(_small_costs, workers=names).values()), axis=0)
+    shape = _calibration_net(net, flop_rate, gemm, layer)
+    trainer = client.run(_trainer_costs, flop_rate, gemm, layer, *shape, workers=names)
+    step_overhead, element_time, fit_overhead = np.median(list(trainer.values()), axis=0)
     store = float(next(iter(client.run(_store_cost, workers=names[:1]).values())))
     prefix = f"daskann-plan-measure-{uuid.uuid4().hex[:8]}"
     client.gather(client.map(_noop, range(8), key=[f"{prefix}-warm-{k}" for k in range(8)], pure=False))
@@ -251,7 +451,7 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200) -> ClusterSpec:
     latency = max(hop - task_overhead, 1e-2 * hop)
     count = len(names)
     counts = sorted({1, count} | {2**k for k in range(1, 12) if 2**k < count})
-    return ClusterSpec(
+    cluster = ClusterSpec(
         workers=tuple(counts),
         flop_rate=flop_rate,
         latency=latency,
@@ -259,8 +459,16 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200) -> ClusterSpec:
         task_overhead=task_overhead,
         gemm_overhead=float(gemm),
         layer_overhead=float(layer),
+        element_time=float(element_time),
+        step_overhead=float(step_overhead),
+        fit_overhead=float(fit_overhead),
         store_overhead=store,
         name=f"measured on {count} workers",
+    )
+    return replace(
+        cluster,
+        mgrit_task_overhead=_mgrit_task_cost(client, cluster, net),
+        partition_overhead=_partition_overhead(client, cluster, net),
     )
 
 

@@ -3,23 +3,30 @@
 Every prediction is built from the same few numbers (:class:`ClusterSpec`):
 
 * a training step of a net costs its GEMM flops over ``flop_rate``, plus
-  ``gemm_overhead`` per GEMM call and ``layer_overhead`` per layer; this is
-  also :class:`daskann.SerialTrainer`'s time, the reference of every speedup;
+  ``gemm_overhead`` per GEMM call, ``layer_overhead`` per layer,
+  ``element_time`` per number touched outside the GEMMs and the trainer's
+  ``step_overhead``; this is also :class:`daskann.SerialTrainer`'s time, the
+  reference of every speedup;
 * NPT: the grid cost model of :mod:`daskann.npt.costmodel` fed with the
   cluster's numbers, over every grid that fits ``p`` workers, in graph and
-  resident mode;
+  resident mode, plus the step's non-GEMM work;
 * MGRIT: the solver's own task graphs (:class:`daskann.mgrit._plan.Planner`)
-  with each task's work in seconds plus its task overhead, one message and the
-  bytes of the states it reads, list-scheduled on ``p`` workers
-  (:func:`daskann.mgrit.workmodel.makespan`), times the iteration count;
+  with each task's work in seconds plus its measured cost as a task (or its
+  task overhead, one message and its store reads and writes) and the bytes of
+  the states it reads, placed on ``p`` workers as dask places tasks
+  (:func:`placed_makespan`; list-scheduled by
+  :func:`daskann.mgrit.workmodel.makespan` on an MPI-like runtime), times the
+  iteration count;
 * partition: ``k`` sub-models of width ``h / k`` (hidden-to-hidden products
   shrink by ``k**2``) trained for a share ``1 - finetune_fraction`` of the
-  steps in ``ceil(k / p)`` waves of tasks, the merge, and the remaining steps
-  on the full net.
+  steps in ``ceil(k / p)`` waves of tasks, the merge, the remaining steps on
+  the full net, and the run's own cost (measured, or a task and two messages
+  per wave).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -82,6 +89,12 @@ def step_flops(sizes, batch_size: int) -> float:
     return sum(6.0 * batch_size * a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
 
 
+def step_elements(sizes, batch_size: int) -> float:
+    """Numbers a training step touches outside its GEMMs: every layer's rows of activations and every parameter."""
+    n_params = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    return float(batch_size * sum(sizes) + n_params)
+
+
 def serial_step_seconds(sizes, batch_size: int, cluster: ClusterSpec) -> float:
     """Seconds of one :class:`SerialTrainer` step on one worker."""
     n_layers = len(sizes) - 1
@@ -89,6 +102,8 @@ def serial_step_seconds(sizes, batch_size: int, cluster: ClusterSpec) -> float:
         step_flops(sizes, batch_size) / cluster.flop_rate
         + 3 * n_layers * cluster.gemm_overhead
         + n_layers * cluster.layer_overhead
+        + step_elements(sizes, batch_size) * cluster.element_time
+        + cluster.step_overhead
     )
 
 
@@ -146,7 +161,9 @@ def predict_npt(net: Network, cluster: ClusterSpec, p: int) -> Prediction:
             if best is None or t < best[0]:
                 best = (t, shape, mode)
     t, (rows, cols), mode = best
-    per_step = t + net.n_layers * cluster.layer_overhead
+    # the step's non-GEMM work: its layers' and its numbers' share on the busiest worker, and the trainer's bookkeeping
+    elements = step_elements(net.sizes, net.batch_size) * cluster.element_time / min(rows * cols, p)
+    per_step = t + net.n_layers * cluster.layer_overhead + elements + cluster.step_overhead
     return _row("npt", net, p, per_step * net.steps, serial, {"grid": f"{rows}x{cols}", "mode": mode})
 
 
@@ -204,21 +221,65 @@ def mgrit_iteration_seconds(net: Network, cluster: ClusterSpec, p: int, config: 
     for k in (1, 2):
         tasks = planner.iteration(k)
         timed = [
-            _Timed(
-                t.key,
-                t.cost * step
-                + cluster.task_overhead
-                + (cluster.latency if t.deps else 0.0)  # its inputs arrive as a message
-                + (len(t.deps) + 1) * state_bytes / cluster.bandwidth
-                + (len(t.deps) + 2) * cluster.store_overhead,  # its states read from and written to the store
-                t.deps,
-            )
-            for t in tasks
+            _Timed(t.key, t.cost * step + _mgrit_task_seconds(cluster, len(t.deps), state_bytes), t.deps) for t in tasks
         ]
         # the residual norm is gathered to the client and the iteration committed to the store
         reduce = cluster.latency * math.ceil(math.log2(p + 1)) + 2 * cluster.task_overhead
-        out.append(workmodel.makespan(timed, p) + reduce)
+        schedule = workmodel.makespan if cluster.task_overhead == 0 else placed_makespan
+        out.append(schedule(timed, p) + reduce)
     return out[0], out[1]
+
+
+def placed_makespan(tasks, workers: int) -> float:
+    """Finish time of ``tasks`` on ``workers`` workers placed as dask's scheduler places them.
+
+    A task runs, once its inputs are done, on the worker free first among
+    those that hold one of its inputs (dask moves tasks to their data, not
+    data to idle workers), a task without inputs on the worker free first; a
+    worker that ran a task holds its inputs from then on too. Tasks that all
+    read one result (MGRIT's sweep after a coarse solve) so run one after the
+    other, which a plain list schedule would spread over every worker.
+    """
+    order = {t.key: i for i, t in enumerate(tasks)}
+    children: dict = {t.key: [] for t in tasks}
+    for t in tasks:
+        for d in t.deps:
+            children[d].append(t)
+    waiting = {t.key: len(t.deps) for t in tasks}
+    ready_at = {t.key: 0.0 for t in tasks}
+    ready = [(0.0, order[t.key], t) for t in tasks if not t.deps]
+    heapq.heapify(ready)
+    free = [0.0] * workers
+    holders: dict = {}
+    finish = 0.0
+    while ready:
+        at, _, task = heapq.heappop(ready)
+        candidates = {w for d in task.deps for w in holders[d]} or range(workers)
+        worker = min(candidates, key=lambda w: (max(free[w], at), w))
+        end = max(free[worker], at) + task.cost
+        free[worker], finish = end, max(finish, end)
+        holders[task.key] = {worker}
+        for d in task.deps:
+            holders[d].add(worker)
+        for child in children[task.key]:
+            ready_at[child.key] = max(ready_at[child.key], end)
+            waiting[child.key] -= 1
+            if waiting[child.key] == 0:
+                heapq.heappush(ready, (ready_at[child.key], order[child.key], child))
+    return finish
+
+
+def _mgrit_task_seconds(cluster: ClusterSpec, n_deps: int, state_bytes: float) -> float:
+    """Seconds of one MGRIT task beyond its steps: measured whole, or built from the cluster's parts."""
+    moved = (n_deps + 1) * state_bytes / cluster.bandwidth
+    if cluster.mgrit_task_overhead > 0:
+        return cluster.mgrit_task_overhead + moved
+    return (
+        cluster.task_overhead
+        + (cluster.latency if n_deps else 0.0)  # its inputs arrive as a message
+        + moved
+        + (n_deps + 2) * cluster.store_overhead  # its states read from and written to the store
+    )
 
 
 def predict_mgrit(net: Network, cluster: ClusterSpec, p: int, configs: list[dict]) -> Prediction | None:
@@ -263,22 +324,28 @@ def partition_ks(net: Network, p: int) -> list[int]:
 
 
 def partition_seconds(net: Network, cluster: ClusterSpec, p: int, k: int, finetune_fraction: float) -> float:
-    """Seconds of partitioned training with ``k`` sub-models on ``p`` workers."""
+    """Seconds of partitioned training with ``k`` sub-models on ``p`` workers.
+
+    The run's own cost (scheduling the sub-model tasks, collecting their
+    results, starting the fine-tuning) is ``partition_overhead`` where it was
+    measured, else one task overhead and two messages per wave of tasks.
+    """
     hidden = tuple(-(-h // k) for h in net.sizes[1:-1])
     sub_sizes = (net.sizes[0], *hidden, net.sizes[-1])
     finetune = max(1, round(finetune_fraction * net.steps))
     sub_steps = max(net.steps - finetune, 1)
     sub_params = sum((a + 1) * b for a, b in zip(sub_sizes[:-1], sub_sizes[1:], strict=True))
-    # each sub-model is one task: the data goes out, the trained sub-model comes back
+    # each sub-model is one task: a trainer trains it, the data goes out, the trained sub-model comes back
     task = (
-        sub_steps * serial_step_seconds(sub_sizes, net.batch_size, cluster)
-        + cluster.task_overhead
-        + 2 * cluster.latency
+        cluster.fit_overhead
+        + sub_steps * serial_step_seconds(sub_sizes, net.batch_size, cluster)
         + (net.data_bytes() + sub_params * net.itemsize) / cluster.bandwidth
     )
     waves = math.ceil(k / p)
     merge = net.n_params * net.itemsize / cluster.bandwidth + net.n_layers * cluster.layer_overhead
-    return waves * task + merge + finetune * serial_step_seconds(net.sizes, net.batch_size, cluster)
+    tune = cluster.fit_overhead + finetune * serial_step_seconds(net.sizes, net.batch_size, cluster)
+    own = cluster.partition_overhead or waves * (cluster.task_overhead + 2 * cluster.latency)
+    return waves * task + merge + tune + own
 
 
 def predict_partition(

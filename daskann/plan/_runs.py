@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 import warnings
 
+import numpy as np
+
 from daskann.plan._cluster import ClusterSpec
 from daskann.plan._model import (
     Network,
@@ -68,9 +70,11 @@ def pilot_configs(hidden, X, y, settings: dict, steps: int, *, pilot_steps: int 
 def validate(client, net: Network, hidden, X, y, settings: dict, cluster: ClusterSpec, configs, *, methods) -> list:
     """Run each method briefly at its predicted best configuration; predicted against measured seconds.
 
-    NPT is compared per step (the trainer's own clock between its first and
-    last step, times the steps); MGRIT on the solve's iterations; partition on
-    its three phases (sub-models, merge, fine-tuning).
+    NPT is compared per step (half the difference of a run of ``3 * steps``
+    and one of ``steps``, medians of three); MGRIT on the solve's iterations (the first, and the
+    median of the others for each further one: a busy machine stalls single
+    iterations); partition on its three phases (sub-models, merge,
+    fine-tuning), the median of three runs.
     """
     p = len(client.scheduler_info()["workers"])
     rows = []
@@ -100,16 +104,19 @@ def validate(client, net: Network, hidden, X, y, settings: dict, cluster: Cluste
     return rows
 
 
-def _run_npt(client, hidden, X, y, settings, steps, config) -> float:
+def _run_npt(client, hidden, X, y, settings, steps, config, *, repeats: int = 3) -> float:
     from daskann.npt import NPTTrainer
 
-    # half the difference of a run of 3 * steps and one of steps: the set-up both pay cancels
-    walls = []
-    for n in (steps, 3 * steps):
-        trainer = NPTTrainer(hidden, **settings, grid=config["grid"], mode=config["mode"], client=client)
-        t0 = time.perf_counter()
-        trainer.fit(X, y, steps=n)
-        walls.append(time.perf_counter() - t0)
+    # half the difference of a run of 3 * steps and one of steps: the set-up both pay cancels;
+    # each the median of a few runs, short and long in turn, so that a busy spell hits both alike
+    runs = {steps: [], 3 * steps: []}
+    for _ in range(repeats):
+        for n, wall in runs.items():
+            trainer = NPTTrainer(hidden, **settings, grid=config["grid"], mode=config["mode"], client=client)
+            t0 = time.perf_counter()
+            trainer.fit(X, y, steps=n)
+            wall.append(time.perf_counter() - t0)
+    walls = [float(np.median(wall)) for wall in runs.values()]
     if walls[1] <= walls[0]:  # other load swamped the difference: the longer run's share, set-up included
         return float(walls[1] / 3)
     return float((walls[1] - walls[0]) / 2)
@@ -130,16 +137,19 @@ def _run_mgrit(client, hidden, X, y, settings, steps, config) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer.fit(X, y, steps=steps)
-    return float(sum(trainer.result_.iteration_times))
+    first, *later = trainer.result_.iteration_times
+    return float(first + len(later) * (np.median(later) if later else 0.0))
 
 
-def _run_partition(client, hidden, X, y, settings, config) -> float:
+def _run_partition(client, hidden, X, y, settings, config, *, repeats: int = 3) -> float:
     from daskann.partition import PartitionTrainer
 
-    trainer = PartitionTrainer(hidden, **settings, k=config["k"], sub_steps=config["sub_steps"], client=client)
-    t0 = time.perf_counter()
-    trainer.fit(X, y, steps=config["finetune_steps"])
-    timings = trainer.timings_
-    return float(timings.get("submodel", 0.0) + timings.get("merge", 0.0) + timings.get("finetune", 0.0)) or (
-        time.perf_counter() - t0
-    )
+    spent = []
+    for _ in range(repeats):
+        trainer = PartitionTrainer(hidden, **settings, k=config["k"], sub_steps=config["sub_steps"], client=client)
+        t0 = time.perf_counter()
+        trainer.fit(X, y, steps=config["finetune_steps"])
+        timings = trainer.timings_
+        phases = timings.get("submodel", 0.0) + timings.get("merge", 0.0) + timings.get("finetune", 0.0)
+        spent.append(phases or time.perf_counter() - t0)
+    return float(np.median(spent))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from daskann._cli_common import _int_list, cli_errors, cluster_options, connect
-from daskann.npt.trainer import MODES
+from daskann._cli_common import cli_errors, cluster_options, connect, network_options
+from daskann.npt.cli import mode_option
 from daskann.plan._model import FINETUNE_FRACTION, METHODS
 
 NETS = ("one-hidden", "two-hidden", "two-hidden-256")
@@ -23,26 +23,8 @@ NETS = ("one-hidden", "two-hidden", "two-hidden-256")
     "cluster.",
 )
 @click.option("--net", type=click.Choice(NETS), default=None, help="A paper net (as in 'daskann bench npt').")
-@click.option(
-    "--hidden", default="64", show_default=True, callback=_int_list, help="Hidden layer widths, comma-separated."
-)
-@click.option("--n-features", type=int, default=64, show_default=True, help="Input width.")
-@click.option("--n-outputs", type=int, default=10, show_default=True, help="Output width.")
-@click.option("--batch-size", type=int, default=64, show_default=True, help="Rows per training step.")
-@click.option(
-    "--dtype",
-    type=click.Choice(["float64", "float32"]),
-    default="float64",
-    show_default=True,
-    help="Floating-point type (sets the bytes each message moves).",
-)
-@click.option(
-    "--mode",
-    type=click.Choice(MODES),
-    default="auto",
-    show_default=True,
-    help="NPT grid table only: the mode each grid is ranked by.",
-)
+@network_options
+@mode_option("NPT grid table only: the mode each grid is ranked by.")
 @click.option("--dataset", default=None, help="Data set whose size and widths to plan for (see 'daskann train').")
 @click.option("--n-samples", type=int, default=1024, show_default=True, help="Training rows (without --dataset).")
 @click.option("--steps", type=int, default=None, help="Training steps (default 200).")
@@ -89,7 +71,7 @@ def plan_command(ctx, **opts):
     net, hidden, X, y, train = _problem(opts, settings)
     if opts["validate"]:
         return _validate(opts, net, hidden, X, y, train, methods)
-    cluster = _cluster(opts)
+    cluster = _cluster(opts, net)
     from daskann.plan._model import plan
 
     configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
@@ -192,7 +174,7 @@ def _problem(opts: dict, settings: dict):
     return net, hidden, X, y, train
 
 
-def _cluster(opts: dict):
+def _cluster(opts: dict, net=None):
     from daskann.plan._cluster import load_cluster, measure_cluster, profile_cluster
 
     if opts["cluster_file"] is not None:
@@ -203,7 +185,7 @@ def _cluster(opts: dict):
 
     client = connect(opts, quiet=True)
     try:
-        return measure_cluster(client)
+        return measure_cluster(client, net=net)  # pilots of the net planned for
     finally:
         close(client)
 
@@ -241,7 +223,7 @@ def _validate(opts: dict, net, hidden, X, y, train, methods) -> None:
 
     client = connect(opts, quiet=True)
     try:
-        cluster = measure_cluster(client)
+        cluster = measure_cluster(client, net=net)
         configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
         rows = validate(client, net, hidden, X, y, train, cluster, configs, methods=methods)
     finally:

@@ -1,0 +1,116 @@
+"""``daskann bench npt``: the hardware's bound, set-up apart from the step, and the kernels it times."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from daskann import store
+from daskann.npt import _kernels, bench
+from daskann.npt.costmodel import CostModel
+
+#: keys every row of the benchmark's table had before the hardware's bound was added
+OLD_ROW_KEYS = {"net", "sizes", "batch", "grid", "cells", "p", "mode", "time_per_step", "speedup", "efficiency"}
+
+
+def _spec(array):
+    return (array, None, None, None)
+
+
+def test_step_flops_of_the_wide_net():
+    # the issue's 4096-wide step: five products of 2 * 4096**3 flops each
+    assert bench.step_flops((4096, 4096, 4096), 4096) == pytest.approx(687.19e9, rel=1e-4)
+    assert bench.step_flops((4096, 8192, 4096), 4096) == 2 * bench.step_flops((4096, 4096, 4096), 4096)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_windowed_products_equal_a_plain_sum(overlap):
+    rng = np.random.default_rng(3)
+    a = [rng.standard_normal((5, 7)) for _ in range(2)]
+    b = rng.standard_normal((7, 6))
+    windows = [(0, 5, 0, 6), (3, 8, 0, 6) if overlap else (5, 10, 0, 6)]
+    terms = [(_spec(x), False, _spec(b), False, w) for x, w in zip(a, windows, strict=True)]
+    out = _kernels.block_product(None, terms, (10, 6), np.float64)
+    expected = np.zeros((10, 6))
+    for x, (r0, r1, c0, c1) in zip(a, windows, strict=True):
+        expected[r0:r1, c0:c1] += x @ b
+    assert np.array_equal(out, expected)
+    # inputs are never modified
+    again = _kernels.block_product(None, terms, (10, 6), np.float64)
+    assert np.array_equal(again, out)
+
+
+def test_windowed_products_on_a_running_sum_and_transposed_operands():
+    rng = np.random.default_rng(4)
+    acc = rng.standard_normal((4, 6))
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((6, 3))
+    terms = [(_spec(a), True, _spec(b), True, (0, 4, 0, 6))]
+    out = _kernels.block_product(acc, terms, (4, 6), np.float64)
+    assert np.array_equal(out, acc + a.T @ b.T)
+    assert out is not acc
+
+
+def test_weight_update_is_sgds():
+    rng = np.random.default_rng(5)
+    w, v = rng.standard_normal((6, 4)), rng.standard_normal((6, 4))
+    before = w.copy(), v.copy()
+    assert np.array_equal(_kernels.weight_update(w, v, 0.05), w - 0.05 * v)
+    assert np.array_equal(w, before[0]) and np.array_equal(v, before[1])
+
+
+def test_rate_interpolates_the_clusters_aggregate_throughput():
+    model = CostModel({1: 100.0, 2: 100.0, 4: 50.0}, 0.0, 0.0, 0.0, 0.0, 1.0, 4)
+    # 4 workers on 2 cores: 3 busy workers share the 200 flop/s of the two cores
+    assert model.rate(3) == pytest.approx(200.0 / 3)
+    assert model.rate(2) == 100.0 and model.rate(8) == pytest.approx(25.0)
+
+
+def test_bench_reports_the_bound_and_set_up_per_row(client2, tmp_path):
+    config = bench.BenchConfig(
+        nets=["one-hidden"],
+        grids=["1x1", "1x2"],
+        batch_size=32,
+        n_samples=256,
+        graph_steps=2,
+        resident_steps=20,
+        peer_steps=2,
+        serial_steps=20,
+        warmup=1,
+        large_width=48,
+        large_hidden=96,
+        large_batch=64,
+        large_grids=["1x1", "1x2"],
+        widths=[],
+        modes=["graph", "resident", "auto"],
+        gemm_size=128,
+    )
+    result = bench.run_bench(client2, config, log=lambda *_: None)
+    hardware = result["hardware"]
+    assert hardware["cores"] >= 1 and hardware["gemm_rate"] == max(hardware["gemm_rates"]) > 0
+    table = result["table"]
+    assert {r["net"] for r in table} == {"one-hidden", "large-48-96"}
+    for r in table:
+        assert OLD_ROW_KEYS <= set(r)
+        assert r["flops"] == bench.step_flops(tuple(int(s) for s in r["sizes"].split("-")), r["batch"])
+        assert r["bound_s"] == pytest.approx(r["flops"] / (r["cores"] * hardware["gemm_rate"]))
+        assert r["hw_efficiency"] == pytest.approx(r["bound_s"] / r["time_per_step"])
+        assert r["fit_s"] > 0 and 0 <= r["setup_s"] <= r["fit_s"]
+        assert r["cores"] == (1 if r["mode"] == "serial" else hardware["cores"])
+    # resident steps are the workers' own: the fit's set-up is not shared out over them
+    resident = next(r for r in table if r["mode"] == "resident" and r["grid"] == "1x1")
+    assert resident["time_per_step"] * 21 < resident["fit_s"]
+    checks = result["checks"]
+    assert checks["large_bound"]["target"] == ">= 0.8" and checks["large_bound"]["mode"].startswith("auto-")
+    assert "one-hidden" in checks["resident_1x1_vs_serial"]
+    assert "large-48-96" in checks["grid_auto"]
+    text = bench.format_table(table) + bench.format_checks(checks)
+    assert "E hw" in text and "setup s" in text and "hardware's bound" in text
+    # grid="auto" fits find the cost model cached: its probing is not their set-up
+    assert all(r["probe_s"] < 0.5 for r in table if r["mode"].startswith("auto-"))
+    paths = bench.write_outputs(result, tmp_path)
+    saved = json.loads(paths["json"].read_text())
+    assert saved["hardware"]["cores"] == hardware["cores"] and "hw_efficiency" in saved["table"][0]
+    columns = store.load_history(paths["zarr"])
+    assert {"hw_efficiency", "setup_s", "probe_s", "time_per_step"} <= set(columns.data_vars)
