@@ -97,13 +97,14 @@ class DaskExecutor:
                 values = dask.get(graph, wanted)
         return dict(zip(keys, values, strict=True))
 
-    def measure(self, rounds: int = 4) -> dict:
+    def measure(self, prefix: str, rounds: int = 4) -> dict:
         """Measured costs that size the tasks: one fine step on a worker, and the scheduler's per-task cost.
 
         The per-task cost is the latency of a chain of empty tasks (each waits
-        for the one before, as the tasks of successive sweeps do).
+        for the one before, as the tasks of successive sweeps do). Their keys
+        start with the run's ``prefix``, like every other task of the run.
         """
-        client, prefix = self.scheduler, f"mgrit-measure-{uuid.uuid4().hex[:12]}"
+        client, prefix = self.scheduler, f"{prefix}-measure-{uuid.uuid4().hex[:6]}"
         step = client.submit(_time_step, self._context, rounds, key=f"{prefix}-step", pure=False)
         step_seconds = step.result(timeout=self.timeout)
         t0 = time.perf_counter()

@@ -171,7 +171,7 @@ class SolveRun:
         if self.executor.name == "distributed" and self.opt["intervals_per_task"] == "auto":
             # tasks of whole store chunks, sized from what a step and a task cost on this cluster
             try:
-                costs = self.executor.measure()
+                costs = self.executor.measure(self.planner.prefix)
             except Exception:  # a worker lost while measuring: one chunk per task, as the store is laid out
                 return
             cost = self.planner.cost
