@@ -92,6 +92,14 @@ def atomic_replace_dir(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _commit_manifest(group, attrs: dict, manifest: dict, tmp, target) -> None:
+    """Write the manifest into the group's attributes last, then move the store into place."""
+    meta = dict(attrs.get("daskann", {}))
+    meta["manifest"] = manifest
+    group.attrs.update({**attrs, "daskann": meta})
+    atomic_replace_dir(tmp, target)
+
+
 def temporary_sibling(target: Path) -> Path:
     """Hidden temporary path next to ``target`` (same file system, so rename is atomic)."""
     return target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -119,10 +127,7 @@ def write_array_group(path, arrays: dict[str, np.ndarray], attrs: dict) -> Path:
             )
             z[...] = array
             manifest[name] = {"shape": list(array.shape), "dtype": array.dtype.str, "sha256": array_digest(array)}
-        meta = dict(attrs.get("daskann", {}))
-        meta["manifest"] = manifest
-        group.attrs.update({**attrs, "daskann": meta})
-        atomic_replace_dir(tmp, target)
+        _commit_manifest(group, attrs, manifest, tmp, target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         _reraise_if_full(exc, target)
@@ -250,10 +255,7 @@ def write_block_group(path, layout: dict[str, BlockArray], write: Callable[[Path
                 "bounds": [[list(b) for b in axis] for axis in spec.bounds],
                 "blocks": blocks,
             }
-        meta = dict(attrs.get("daskann", {}))
-        meta["manifest"] = manifest
-        group.attrs.update({**attrs, "daskann": meta})
-        atomic_replace_dir(tmp, target)
+        _commit_manifest(group, attrs, manifest, tmp, target)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         _reraise_if_full(exc, target)
