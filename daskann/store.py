@@ -308,6 +308,29 @@ def read_region(path, name: str, region) -> np.ndarray:
     return out
 
 
+def stored_blocks(path) -> list[tuple[str, str]]:
+    """``(array, "i.j")`` of every block a block store's manifest lists (read on the client: metadata only)."""
+    _group, _attrs, meta = _open_group(Path(path), kind="checkpoint")
+    return [(name, index) for name, entry in meta["manifest"].items() for index in entry.get("blocks", {})]
+
+
+def verify_block(path, name: str, index: str) -> None:
+    """Read block ``index`` of array ``name`` of a block store and check it against the manifest.
+
+    Runs on a worker; raises :class:`DamagedStoreError` naming the store, the array and the block.
+    """
+    path = Path(path)
+    group = zarr.open_group(str(path), mode="r")
+    expected = group.attrs["daskann"]["manifest"][name]
+    region = dict(_block_regions(expected["bounds"]))[index]
+    try:
+        values = np.asarray(group[name][tuple(slice(a, b) for a, b in region)])
+    except Exception as exc:  # a torn chunk or a failed CRC32C
+        raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} cannot be read ({exc})") from exc
+    if array_digest(values) != expected["blocks"].get(index):
+        raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} does not match its checksum")
+
+
 @dataclass
 class Checkpoint:
     """Everything needed to continue a training run bit for bit.

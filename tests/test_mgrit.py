@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import re
 import time
 from pathlib import Path
 
@@ -566,6 +567,89 @@ def test_tasks_are_handed_chunks_not_their_neighbours_whole_output(client2, tmp_
     assert [(b[0], b[1], b[2]) for b in piece["blocks"]] == [("c0", (1,), 4)]
     assert np.shares_memory(piece["blocks"][0][4], rows) and np.array_equal(piece["blocks"][0][4], rows[:2])
     assert _piece({"ok": False, "level": 0}, "c0", (1,), 2, 6) == {"ok": False, "skipped": True}
+
+
+_SWEEP_KEY = re.compile(r"-it\d+-\d{4}-L(\d)-(?:[CFR]-q(\d+)|handoff-s(\d+)|coarse)$")
+
+
+def test_each_worker_relaxes_its_own_range_of_time(client2):
+    from distributed import get_task_stream
+
+    from daskann.mgrit._plan import owner
+
+    prop = linear.LinearPropagator.random_stable(5, seed=1)
+    u0 = (np.ones(5),)
+    kwargs = dict(levels=3, cfactor=4, tol=1e-13, max_iter=40, intervals_per_task=4)
+    ref = MGRIT(prop, u0, 64, scheduler=None, **kwargs).solve()
+    with get_task_stream(client2) as stream:
+        got = MGRIT(prop, u0, 64, scheduler=client2, **kwargs).solve()
+    assert got.residuals == ref.residuals and np.array_equal(got.state[0], ref.state[0])
+    workers = sorted(client2.scheduler_info(n_workers=-1)["workers"])
+    placed = kinds = 0
+    for record in stream.data:
+        match = _SWEEP_KEY.search(str(record["key"]))
+        if match is None:
+            continue
+        level, q0, start = int(match[1]), match[2], match[3]
+        start = int(start) if start is not None else int(q0 or 0) * 4 * 4**level
+        assert record["worker"] == workers[owner(start, 64, len(workers))], record["key"]
+        placed += 1
+        kinds += "handoff" in str(record["key"])
+    # every sweep, the coarse solve and the hand-offs of the C-values kept from one iteration to the next
+    assert placed > 0 and kinds > 0
+
+
+def test_kept_cvalues_lost_between_iterations_replan_from_the_store(client2, monkeypatch):
+    from daskann.mgrit import _kernels, _run
+
+    prop = linear.LinearPropagator.random_stable(5, seed=1)
+    u0 = (np.ones(5),)
+    kwargs = dict(levels=3, cfactor=4, tol=1e-13, max_iter=40, intervals_per_task=4)
+    ref = MGRIT(prop, u0, 64, scheduler=None, **kwargs).solve()
+    replans = []
+    original = _run.SolveRun._replan
+
+    def spy(self):
+        replans.append(self.iteration)
+        return original(self)
+
+    def clear():
+        _kernels._KEPT.clear()
+
+    def forget(info):  # as if the workers holding them had been replaced
+        if info.iteration == 2:
+            client2.run(clear)
+
+    monkeypatch.setattr(_run.SolveRun, "_replan", spy)
+    got = MGRIT(prop, u0, 64, scheduler=client2, callback=forget, **kwargs).solve()
+    assert replans == [2]
+    assert got.residuals == ref.residuals and np.array_equal(got.state[0], ref.state[0])
+    assert not any(client2.run(lambda: len(_kernels._KEPT)).values())  # released at the end of the run
+
+
+def test_task_sizes_give_each_worker_an_even_share():
+    from daskann.mgrit._levels import Hierarchy
+    from daskann.mgrit._plan import block_sizes, task_sizes
+
+    h = Hierarchy(128, (4, 4))
+    blocks = block_sizes(h, "auto")
+    # cheap scheduler: two tasks per worker on each level; dear one: one task per worker
+    assert task_sizes(h, blocks, lambda level: 1.0, step_seconds=1e-3, task_seconds=1e-4, workers=2) == (8, 2)
+    assert task_sizes(h, blocks, lambda level: 1.0, step_seconds=1e-3, task_seconds=1.0, workers=2) == (16, 4)
+    assert task_sizes(h, blocks, lambda level: 1.0, step_seconds=1e-3, task_seconds=1.0, workers=1) == (32, 8)
+
+
+def test_heap_scope_with_and_without_the_nannys_trim_setting(monkeypatch):
+    from daskann._heap import heap_for_blocks
+
+    for trim in (None, "65536"):
+        if trim is None:
+            monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+        else:
+            monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", trim)
+        with heap_for_blocks():
+            a = np.ones(2**20)
+        assert a.sum() == 2**20
 
 
 def test_training_data_travels_once_not_with_every_task(client2, monkeypatch):

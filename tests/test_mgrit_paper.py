@@ -16,14 +16,16 @@ from daskann.mgrit.presets import PAPER_PRESETS, PRESETS, paper_levels, paper_op
 from daskann.nn import MLP
 
 
-def _trask_xor(steps: int, alpha: float):
-    """Reference: the tutorial's loop (full batch, sigmoid, no biases, delta (out - y) out (1 - out))."""
-    X = np.array([[0, 0, 1], [0, 1, 1], [1, 0, 1], [1, 1, 1]], dtype=float)
-    y = np.array([[0, 1, 1, 0]], dtype=float).T
+def _trask_xor(steps: int, alpha: float, *, serialized: bool = False):
+    """Reference: the tutorial's loop (full batch, sigmoid, no biases, delta (out - y) out (1 - out));
+    ``serialized``: step ``i = 1 .. steps`` (the one computing point ``i``) on row ``i mod 4`` alone."""
+    X_all = np.array([[0, 0, 1], [0, 1, 1], [1, 0, 1], [1, 1, 1]], dtype=float)
+    y_all = np.array([[0, 1, 1, 0]], dtype=float).T
     np.random.seed(1)
     syn0 = 2 * np.random.random((3, 4)) - 1
     syn1 = 2 * np.random.random((4, 1)) - 1
-    for _ in range(steps):
+    for i in range(1, steps + 1):
+        X, y = (X_all[[i % 4]], y_all[[i % 4]]) if serialized else (X_all, y_all)
         l1 = 1 / (1 + np.exp(-X @ syn0))
         l2 = 1 / (1 + np.exp(-l1 @ syn1))
         l2_delta = (l2 - y) * l2 * (1 - l2)
@@ -128,6 +130,41 @@ def test_coarse_data_own_rule():
     assert seen == [3, 2]
 
 
+def test_serialized_row_index_options():
+    assert paper_options("schroder2", 64, alpha_b=1.0)["propagator"]["step_offset"] == 1
+    assert paper_options("schroder2", 64, alpha_b=1.0, row_index="start")["propagator"]["step_offset"] == 0
+    assert paper_options("schroder1", 64, alpha_b=1.0)["propagator"]["step_offset"] == 0  # batch: every row
+
+
+def test_serialized_row_index_end_rows():
+    """The step that computes point i of any level trains on row i mod K (K = 4 rows)."""
+    prob = three_layer()
+    seen = []
+
+    class Recording(SGDPropagator):
+        def _gradients(self, params, rows):
+            seen.append(int(rows[0]))
+            return super()._gradients(params, rows)
+
+    options = paper_options("schroder2", 64, alpha_b=1.0, cycle="F")
+    order = BatchOrder(4, None, shuffle="serialized")
+    prop = Recording(prob.model, prob.X, prob.y, loss="sse", order=order, **options["propagator"])
+    u0 = prop.initial_state(prob.model)
+    for start in range(6):
+        prop.step(u0, start, start + 1, 0)  # fine step into point start + 1
+    prop.step(u0, 12, 16, 2)  # level 2 (span 4): the step into its point 4
+    prop.step(u0, 40, 48, 3)  # level 3 (span 8): the step into its point 6
+    assert seen == [1, 2, 3, 0, 1, 2, 0, 2]
+
+
+def test_serialized_mgrit_reproduces_serial_gradient_descent():
+    result = solve_paper(three_layer(), 64, "schroder2", cycle="F", alpha_b=1.0, alpha_max=8.0)
+    assert result.converged
+    syn0, syn1 = _trask_xor(64, 1.0, serialized=True)
+    np.testing.assert_allclose(result.state[0], syn0, atol=1e-8)
+    np.testing.assert_allclose(result.state[1], syn1, atol=1e-8)
+
+
 def test_bias_free_propagator_with_velocity():
     X = np.random.default_rng(0).standard_normal((16, 3))
     y = np.random.default_rng(1).standard_normal((16, 2))
@@ -158,6 +195,22 @@ def test_four_layer_problem():
 
 
 # -- Table 1 ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("table", "n_steps"), [(5, 100), (6, 100), (6, 200), (7, 200)])
+def test_serialized_tables_first_entries(table, n_steps):
+    spec = TABLES[table - 1]
+    options = {k: spec[k] for k in ("cycle", "alpha_b", "alpha_max")}
+    result = solve_paper(three_layer(), n_steps, spec["solver"], **options)
+    assert result.converged and result.iterations == spec["paper"][spec["steps"].index(n_steps)]
+
+
+@pytest.mark.slow
+def test_table6_at_800_steps():
+    """Serialized F-cycles: the paper's 21 with the step into point i on row i mod K (``"start"`` gives 17)."""
+    spec = TABLES[5]
+    options = {k: spec[k] for k in ("cycle", "alpha_b", "alpha_max")}
+    assert solve_paper(three_layer(), 800, "schroder2", **options).iterations == 21
 
 
 @pytest.mark.parametrize(("n_steps", "paper"), [(100, 14), (200, 19)])
@@ -237,7 +290,7 @@ def test_every_table_listed():
      ({"alpha_b": math.nan}, "alpha_b"), ({"alpha_b": 1.0, "alpha_max": 0.5}, "alpha_max"),
      ({"alpha_b": 1.0, "max_coarse": 0}, "max_coarse"), ({"alpha_b": 1.0, "n_steps": 1}, "n_steps"),
      ({"alpha_b": 1.0, "cycle": "W"}, "cycle"), ({"alpha_b": 1.0, "double_phi": "triple"}, "double_phi"),
-     ({"alpha_b": 1.0, "double_phi": True}, "double_phi")],
+     ({"alpha_b": 1.0, "double_phi": True}, "double_phi"), ({"alpha_b": 1.0, "row_index": "middle"}, "row_index")],
 )  # fmt: skip
 def test_bad_input_names_the_parameter(kwargs, name, monkeypatch):
     import daskann.mgrit.solver as solver

@@ -302,15 +302,15 @@ def test_mailbox_times_out_and_aborts():
 
 
 def test_heap_settings_last_while_resident_tasks_run(monkeypatch):
-    from daskann.npt import _resident_alloc
+    from daskann import _heap
 
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as distributed's nanny starts workers
-    active = _resident_alloc._mallopt() is not None
-    with _resident_alloc.heap_for_blocks():
-        with _resident_alloc.heap_for_blocks():
-            assert _resident_alloc._users == (2 if active else 0)
-        assert _resident_alloc._users == (1 if active else 0)
-    assert _resident_alloc._users == 0
+    active = _heap._libc() is not None
+    with _heap.heap_for_blocks():
+        with _heap.heap_for_blocks():
+            assert _heap._users == (2 if active else 0)
+        assert _heap._users == (1 if active else 0)
+    assert _heap._users == 0
 
 
 def test_exchange_latency(client4):

@@ -7,6 +7,7 @@ with SerialTrainer in float64.
 from __future__ import annotations
 
 import gc
+import re
 import time
 import tracemalloc
 
@@ -207,6 +208,128 @@ def test_client_holds_no_block_of_a_net_eight_times_its_cap(client4, tmp_path):
     # 2 MiB more for activations, data and the small layers
     own = state_bytes / 4
     assert max(peaks.values()) < own + 3 * block_bytes + 2 * 2**20
+    assert resumed.__dict__.get("_model") is None
+    reference = SerialTrainer(sizes[1:-1], **{k: kwargs[k] for k in ("lr", "momentum", "batch_size", "seed")})
+    assert _max_error(resumed, reference.fit(X, y, steps=4)) < TOL
+
+
+# -- resident mode: the same store format, written and read by the cells -------------------------
+def test_resident_cells_write_their_blocks_and_any_grid_or_mode_resumes(client4, regression, tmp_path):
+    X, y = regression
+    run = tmp_path / "run"
+    with scheduler_watch(client4) as watch:
+        npt = NPTTrainer(
+            (12,), grid="2x2", mode="resident", client=client4, checkpoint_dir=run, checkpoint_every=2, **KWARGS
+        ).fit(X, y, steps=4)
+    # one task per worker wrote that worker's blocks; the client committed the manifest
+    assert len([k for k in watch.keys if "-save-" in k]) == 2 * 4
+    manifest = zarr.open_group(str(checkpoint_path(run, 4)), mode="r").attrs["daskann"]["manifest"]
+    assert manifest["weights/0"]["bounds"] == [[[0, 4], [4, 8]], [[0, 6], [6, 12]]]
+    assert manifest["weights/0"]["blocks"].keys() == {"0.0", "0.1", "1.0", "1.1"}
+    assert manifest["biases/1"]["bounds"] == [[[0, 2], [2, 4]]]
+    assert verify_path(run)["ok"]
+    # the state stays on the cells: weights_ are dask arrays on the grid, model_ reads the final store
+    assert npt.__dict__.get("_model") is None
+    assert [w.chunks for w in npt.weights_] == [((4, 4), (6, 6)), ((6, 6), (2, 2))]
+    assert [b.chunks for b in npt.biases_] == [((6, 6),), ((2, 2),)]
+    serial = SerialTrainer((12,), **KWARGS).fit(X, y, steps=4)
+    got = [client4.compute(a, sync=True) for a in npt.weights_ + npt.biases_]
+    assert max(_rel(a, b) for a, b in zip(got, serial.model_.weights + serial.model_.biases, strict=True)) < TOL
+    assert _max_error(npt, serial) < TOL
+    # re-cut on other grids (a 2x3 grid runs on a virtual 6x6 one), in either mode, and in one process
+    reference = SerialTrainer((12,), **KWARGS).fit(X, y, steps=7)
+    for grid, mode in (("1x3", "resident"), ("2x3", "resident"), ("3x3", "graph")):
+        other = NPTTrainer((12,), grid=grid, mode=mode, share_workers=True, client=client4, **KWARGS)
+        other.fit(X, y, steps=7, resume=run)
+        assert list(other.history_["step"].values) == [5, 6, 7]
+        assert _max_error(other, reference) < TOL
+    assert _max_error(SerialTrainer((12,), **KWARGS).fit(X, y, steps=7, resume=run), reference) < TOL
+    # on the same grid, resuming changes no bit
+    straight = NPTTrainer((12,), grid="2x2", mode="resident", client=client4, **KWARGS).fit(X, y, steps=7)
+    resumed = NPTTrainer((12,), grid="2x2", mode="resident", client=client4, **KWARGS).fit(X, y, steps=7, resume=run)
+    pairs = zip(resumed.model_.params + resumed.velocity_, straight.model_.params + straight.velocity_, strict=True)
+    assert all(np.array_equal(a, b) for a, b in pairs)
+
+
+def test_a_graph_checkpoint_resumes_in_resident_mode(client4, regression, tmp_path):
+    X, y = regression
+    run = tmp_path / "run"
+    NPTTrainer((12,), grid="2x2", mode="graph", client=client4, checkpoint_dir=run, **KWARGS).fit(X, y, steps=3)
+    resumed = NPTTrainer((12,), grid="2x3", mode="resident", share_workers=True, client=client4, **KWARGS)
+    resumed.fit(X, y, steps=6, resume=run)
+    assert resumed.__dict__.get("_model") is None
+    assert _max_error(resumed, SerialTrainer((12,), **KWARGS).fit(X, y, steps=6)) < TOL
+
+
+def test_a_damaged_block_is_reported_before_any_training_task(client4, regression, tmp_path):
+    X, y = regression
+    run = tmp_path / "run"
+    NPTTrainer((12,), grid="2x2", mode="resident", client=client4, checkpoint_dir=run, **KWARGS).fit(X, y, steps=2)
+    store = checkpoint_path(run, 2)
+    z = zarr.open_array(str(store / "weights" / "1"), mode="r+")
+    z[7, 3] = z[7, 3] + 1.0  # block 1.1 of the resident 2x2 layout, rewritten through zarr
+    for mode in ("resident", "graph"):
+        with scheduler_watch(client4) as watch:
+            with pytest.raises(StoreError, match=r"block 1\.1 of array 'weights/1' does not match its checksum") as err:
+                NPTTrainer((12,), grid="2x2", mode=mode, client=client4, **KWARGS).fit(X, y, steps=3, resume=store)
+        assert repr(str(store)) in str(err.value)
+        # only the checks ran: one task per worker, reading the blocks
+        assert len(watch.keys) == 4 and all("-verify-" in k for k in watch.keys), watch.keys
+
+
+@pytest.mark.parametrize("mode", ["resident", "graph"])
+@pytest.mark.parametrize("store", [True, False], ids=["store", "no-store"])
+def test_partial_fit_on_new_data_continues_on_the_cells(client4, regression, tmp_path, mode, store):
+    X, y = regression
+    X2, y2 = X[:64] * 0.5, y[:64]
+    folder = tmp_path / "run" if store else None
+    npt = NPTTrainer((12,), grid="2x2", mode=mode, client=client4, checkpoint_dir=folder, **KWARGS).fit(X, y, steps=4)
+
+    def refuse():
+        raise AssertionError("partial_fit loaded the model onto the client")
+
+    npt._load_final = refuse
+    with scheduler_watch(client4) as watch:
+        npt.partial_fit(X2, y2, steps=3)
+    del npt._load_final
+    # from the final store or the state the cells hold: no block was sent from the client
+    assert not [k for k in watch.keys if re.search(r"-init\d+-", k)]
+    assert npt.__dict__.get("_model") is None and npt.n_steps_ == 7
+    serial = SerialTrainer((12,), **KWARGS).fit(X, y, steps=4).partial_fit(X2, y2, steps=3)
+    assert _max_error(npt, serial) < TOL
+
+
+@pytest.mark.parametrize("mode", ["resident", "graph"])
+def test_divergence_leaves_the_last_finite_state_on_the_cells(client4, regression, mode):
+    X, y = regression
+    kwargs = dict(lr=1e306, momentum=0.9, batch_size=20, seed=0)
+    serial = SerialTrainer((10,), **kwargs)
+    with pytest.raises(TrainingDiverged) as want:
+        serial.fit(X * 100, y, steps=4)
+    npt = NPTTrainer((10,), grid="2x2", mode=mode, client=client4, **kwargs)
+    with pytest.raises(TrainingDiverged) as got:
+        npt.fit(X * 100, y, steps=4)
+    assert npt.__dict__.get("_model") is None
+    assert got.value.step == want.value.step and npt.n_steps_ == serial.n_steps_
+    assert _max_error(npt, serial) == 0.0
+
+
+def test_resident_client_holds_no_block_of_a_net_eight_times_its_cap(client4, tmp_path):
+    """As the graph-mode test above, in resident mode: the cells write and read the checkpoint."""
+    rng = np.random.default_rng(5)
+    X, y = rng.standard_normal((64, 16)), rng.standard_normal((64, 4))
+    sizes, cap = (16, 1536, 1536, 4), 4 * 2**20  # smaller than the graph-mode case: only the client is measured
+    state_bytes = 2 * 8 * sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    assert state_bytes >= 8 * cap
+    kwargs = dict(lr=0.01, momentum=0.9, batch_size=16, seed=2, grid="2x2", mode="resident", client=client4)
+    # the same run with a tiny net first: the modules it imports on first use are not the model's memory
+    tiny_peak, _ = _traced_fit_and_resume((8, 8), X, y, tmp_path / "tiny", **kwargs)
+    client_peak, resumed = _traced_fit_and_resume(sizes[1:-1], X, y, tmp_path / "run", **kwargs)
+    print(
+        f"resident: model (weights + velocity) {state_bytes / 2**20:.1f} MiB, cap {cap / 2**20:.1f} MiB, "
+        f"client peak {client_peak / 2**20:.2f} MiB (tiny net: {tiny_peak / 2**20:.2f} MiB)"
+    )
+    assert client_peak < cap
     assert resumed.__dict__.get("_model") is None
     reference = SerialTrainer(sizes[1:-1], **{k: kwargs[k] for k in ("lr", "momentum", "batch_size", "seed")})
     assert _max_error(resumed, reference.fit(X, y, steps=4)) < TOL

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from daskann.plan import ClusterSpec, Network, cluster_from_dict, load_cluster, plan, write_cluster
 from daskann.plan._model import (
     mgrit_iteration_seconds,
+    npt_step_seconds,
     partition_seconds,
     placed_makespan,
     predict_mgrit,
@@ -121,6 +122,50 @@ def test_npt_single_worker_exact_and_mgrit_serial_bound():
     assert mg.speedup < 1.0 / 2
 
 
+def test_npt_resident_bookkeeping_measured_replaces_the_trainers():
+    # 1x1 resident: the step's products (no first-layer input gradient), all its numbers touched, and the
+    # resident program's own bookkeeping where it was measured (else the trainer's); graph mode keeps the trainer's
+    products = 2 * 10 * (2 * 10 * 20 + 3 * 20 * 20 + 3 * 20 * 5)
+    costs = ClusterSpec(**{**SYNTHETIC.__dict__, "element_time": 1e-9, "step_overhead": 3e-5})
+    resident = ClusterSpec(**{**costs.__dict__, "resident_step_overhead": 2e-4})
+    assert npt_step_seconds(NET, costs, 1, (1, 1), "resident") == pytest.approx(products / 1e9 + 1295e-9 + 3e-5)
+    assert npt_step_seconds(NET, resident, 1, (1, 1), "resident") == pytest.approx(products / 1e9 + 1295e-9 + 2e-4)
+    assert npt_step_seconds(NET, resident, 2, (1, 2), "graph") == npt_step_seconds(NET, costs, 2, (1, 2), "graph")
+    row = predict_npt(NET, resident, 1)
+    assert row.config == {"grid": "1x1", "mode": "resident"}
+    assert row.seconds == pytest.approx(100 * (products / 1e9 + 1295e-9 + 2e-4), rel=1e-12)
+
+
+def test_npt_resident_grid_exact_on_an_mpi_like_cluster():
+    # 2x2 on 4 workers, one cell each: a quarter of the 38,000 flops; per product a skew and 2 shifts (3 messages)
+    # of its larger operand's block (bytes: 400 400 800 400 800 400 400 200 = 3,800); per step 5 all-gathers
+    # of ceil(log2(5)) = 3 hops; a quarter of the 1,295 numbers touched and the measured bookkeeping
+    mpi = ClusterSpec(
+        workers=(4,),
+        flop_rate=1e9,
+        latency=1e-3,
+        bandwidth=1e8,
+        task_overhead=0.0,
+        element_time=1e-9,
+        resident_step_overhead=2e-4,
+    )
+    expected = 38_000 / 4 / 1e9 + 3 * (8 * 1e-3 + 3800 / 1e8) + 5 * 3 * 1e-3 + 1295e-9 / 4 + 2e-4
+    assert npt_step_seconds(NET, mpi, 4, (2, 2), "resident") == pytest.approx(expected, rel=1e-12)
+    # no task graph on an MPI-like runtime: every grid runs the message-passing program
+    assert {predict_npt(NET, mpi, p).config["mode"] for p in (1, 2, 4, 8)} == {"resident"}
+    square = predict_npt(NET, mpi, 8, square=True).config["grid"]
+    assert square in ("1x1", "2x2")
+
+
+def test_mgrit_configuration_carries_its_own_task_cost():
+    config = {"preset": "solver1", "levels": 2, "cfactor": 4, "iterations": 3}
+    measured = ClusterSpec(**{**SYNTHETIC.__dict__, "mgrit_task_overhead": 0.05})
+    own = predict_mgrit(NET, SYNTHETIC, 2, [{**config, "task_overhead_s": 0.05}])
+    assert own.seconds == predict_mgrit(NET, measured, 2, [config]).seconds
+    assert own.seconds != predict_mgrit(NET, SYNTHETIC, 2, [config]).seconds
+    assert own.config["task_overhead_s"] == 0.05
+
+
 @pytest.mark.parametrize("method", ["npt", "mgrit", "partition"])
 def test_monotone_in_flop_rate_and_latency(method):
     configs = [{"preset": "solver2", "levels": 2, "cfactor": 4, "iterations": 5}]
@@ -147,6 +192,33 @@ def test_mpi_like_npt_optimum_grows_with_the_net():
         best = min(rows, key=lambda r: r.seconds)
         optimum.append(math.prod(int(x) for x in best.config["grid"].split("x")))
     assert optimum == sorted(optimum) and optimum[0] < optimum[-1]
+
+
+@pytest.mark.parametrize(
+    ("bandwidth", "expected"), [(1e10, ["5x5", "7x7", "11x11"]), (1e9, ["11x11", "11x11", "20x20"])]
+)
+def test_paper_nets_npt_optimum_on_the_documented_mpi_cluster(bandwidth, expected):
+    # docs/plan.md's table: 10 GFLOP/s, 1 us per message, square Cannon grids, batch 128
+    from daskann.npt.bench import PAPER_NETS
+
+    mpi = ClusterSpec(workers=(1,), flop_rate=1e10, latency=1e-6, bandwidth=bandwidth, task_overhead=0.0)
+    grids = []
+    for spec in PAPER_NETS.values():
+        net = Network((spec["n_features"], *spec["hidden"], spec["n_outputs"]), 128, 200)
+        rows = [predict_npt(net, mpi, 2**e, square=True) for e in range(11)]
+        grids.append(min(rows, key=lambda r: r.seconds).config["grid"])
+    assert grids == expected
+
+
+def test_partition_speedup_on_the_documented_mpi_cluster():
+    # docs/plan.md's table: the paper's parameter counts, k sub-models on k workers, a quarter fine-tuning
+    mpi = ClusterSpec(workers=(1,), flop_rate=1e10, latency=1e-6, bandwidth=1e9, task_overhead=0.0)
+    speedups = []
+    for sizes, k in (((784, 540, 10), 2), ((784, 1100, 1100, 10), 4)):
+        net = Network(sizes, 128, 10000, n_samples=60000)
+        serial = net.steps * serial_step_seconds(sizes, 128, mpi)
+        speedups.append(serial / partition_seconds(net, mpi, k, k, 0.25))
+    assert speedups == pytest.approx([1.60, 2.81], abs=0.01)
 
 
 # -- cluster files -----------------------------------------------------------------------------
@@ -251,6 +323,7 @@ def test_measure_writes_a_file_cluster_reads(client2, tmp_path):
     # real tasks and fits, timed on the cluster
     assert measured.mgrit_task_overhead > 0 and measured.fit_overhead > 0
     assert measured.partition_overhead >= 0 and measured.step_overhead >= 0 and measured.element_time >= 0
+    assert measured.resident_step_overhead > 0
     out = CliRunner().invoke(plan_command, ["--method", "npt", "--cluster", str(path), "--json"])
     assert out.exit_code == 0 and len(json.loads(out.output)["predictions"]) == 2
 
@@ -267,6 +340,17 @@ def test_validate_on_two_workers(client2):
     for r in rows:
         assert set(r) == {"method", "workers", "predicted_s", "measured_s"} and r["workers"] == 2
         assert r["predicted_s"] > 0 and r["measured_s"] > 0
+
+
+def test_mgrit_task_cost_calibrated_per_configuration(client2):
+    from daskann.plan._cluster import calibrate_mgrit
+
+    net = Network((8, 8, 2), 8, 32, n_samples=64, momentum=False)
+    configs = [{"preset": p, "levels": 2, "cfactor": 4, "iterations": 3} for p in ("solver1", "solver2")]
+    calibrated = calibrate_mgrit(client2, SYNTHETIC, net, [*configs, {**configs[0], "levels": 4}])
+    assert [c["task_overhead_s"] > 0 for c in calibrated[:2]] == [True, True]
+    assert "task_overhead_s" not in calibrated[2]  # 32 steps cannot coarsen three times by 4
+    assert [{k: c[k] for k in configs[0]} for c in calibrated[:2]] == configs
 
 
 def test_without_method_the_npt_grid_table_as_before(client2):

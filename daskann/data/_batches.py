@@ -149,7 +149,10 @@ def coarse_indices(
         ``"own"`` is the rule of Schroder (2017, section 2): point ``i`` of every
         level uses the rows of step ``i`` of ``order`` (in the serialized order
         the single row ``i mod K``, not ``m**l i mod K``). ``"fine"`` uses the
-        rows of the fine step the point lies on.
+        rows of the fine step the point lies on. The paper presets shift
+        ``point`` by one so that the step *into* point ``i`` uses row
+        ``i mod K`` (``row_index="end"`` of
+        :func:`daskann.mgrit.presets.paper_options`).
 
     Returns
     -------

@@ -13,14 +13,25 @@ from concurrent.futures import CancelledError
 
 import dask
 import numpy as np
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client
 
 from daskann import config
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
+from daskann.mgrit._kernels import release_kept
+from daskann.mgrit._plan import owner
 
 #: seconds one broadcast of the context may take before it is tried again
 BROADCAST_TIMEOUT = 90.0
+#: seconds between checks that the workers an iteration's tasks are placed on are all still there
+PLACEMENT_POLL = 1.0
+#: times one iteration may be placed again on the workers there are, after some of those it was placed on left
+MAX_PLACEMENTS = 50
+
+
+class _WorkersLeft(Exception):
+    """A worker the tasks of an iteration were placed on left the cluster."""
 
 
 class InProcessExecutor:
@@ -30,6 +41,9 @@ class InProcessExecutor:
 
     def __init__(self, store, context):
         self.store, self.context = store, context
+
+    def release(self, run: str) -> None:
+        pass
 
     def run(self, tasks) -> dict:
         results = {}
@@ -44,6 +58,10 @@ class InProcessExecutor:
 
 class DaskExecutor:
     """Submits each iteration as one dask graph.
+
+    On a distributed cluster each task runs on the worker that owns its range
+    of time (:func:`_placed`), in the order of the workers' addresses at the
+    start of the iteration.
 
     Parameters
     ----------
@@ -74,10 +92,19 @@ class DaskExecutor:
     def run(self, tasks) -> dict:
         keys = [t.key for t in tasks]
         if self.name == "distributed":
-            for attempt in range(attempts := config.count("mgrit.context-attempts")):
+            attempts = config.count("mgrit.context-attempts")
+            attempt = broadcasts = placements = 0
+            while True:
                 try:
                     values = self._run_distributed(tasks, attempt)
                     break
+                except _WorkersLeft:
+                    # a task waits for the worker it is placed on: place the iteration on the workers there are
+                    placements += 1
+                    if placements > MAX_PLACEMENTS:
+                        raise RuntimeError(
+                            f"an MGRIT iteration was placed {placements} times as workers left the cluster"
+                        ) from None
                 except CancelledError as exc:
                     # every worker holding the scattered context died (scattered data is never
                     # recomputed): scatter it again and rerun the iteration, whose tasks are idempotent
@@ -85,9 +112,11 @@ class DaskExecutor:
                     lost = self._context.status != "finished" or any(
                         reason in str(exc) for reason in ("lost dependencies", "already forgotten")
                     )
-                    if not lost or attempt + 1 == attempts:
+                    broadcasts += 1
+                    if not lost or broadcasts == attempts:
                         raise
                     self._context = self._broadcast()
+                attempt += 1
         else:
             graph = _graph(tasks, self.store, self._context)
             wanted = [_summary_key(k) for k in keys]
@@ -148,14 +177,16 @@ class DaskExecutor:
         def name(key):  # a rerun uses new keys: the cancelled ones may still be forgotten by the scheduler
             return key if attempt == 0 else f"{key}-retry{attempt}"
 
+        workers = self._workers()
         graph = _graph(tasks, self.store, self._context, name)
+        graph = _placed(graph, tasks, name, workers, self._raw_context.hierarchy.n_steps)
         keys = [_summary_key(name(t.key)) for t in tasks]
         futures = self.scheduler.get(graph, keys, sync=False)
         deadline = time.monotonic() + self.timeout
         values = []
         try:
             for future in futures:
-                values.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+                values.append(self._result(future, deadline, workers))
         except TimeoutError:
             self.scheduler.cancel(futures)
             raise TimeoutError(
@@ -166,6 +197,31 @@ class DaskExecutor:
             self.scheduler.cancel(futures)
             raise
         return values
+
+    def _result(self, future, deadline: float, workers: list[str]):
+        """The future's result by ``deadline``; :class:`_WorkersLeft` as soon as one of ``workers`` has left."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return future.result(timeout=max(0.0, min(left, PLACEMENT_POLL)))
+            except TimeoutError:
+                if left <= PLACEMENT_POLL:
+                    raise
+                if not set(workers) <= set(self._workers()):
+                    raise _WorkersLeft from None
+
+    def release(self, run: str) -> None:
+        """Forget the C-values the run's final sweeps kept in the workers' memory."""
+        release_kept(run)
+        if self.name == "distributed":
+            try:
+                self.scheduler.run(release_kept, run)
+            except Exception:  # the cluster may already be gone, and its memory with it
+                pass
+
+    def _workers(self) -> list[str]:
+        """The cluster's workers now, in a fixed order (the owners of successive ranges of time)."""
+        return sorted(self.scheduler.scheduler_info(n_workers=-1)["workers"])
 
     def close(self) -> None:
         if self.name == "distributed":
@@ -198,18 +254,17 @@ def _graph(tasks, store, context, name=lambda key: key) -> dict:
 
     The client asks for the summaries only: the rows a task computes go from
     worker to worker (to the tasks that read them) and are released once read.
-    A task is handed each chunk it reads as a piece of its writer's result of
-    its own (a small task beside the writer), so a task that needs one
-    boundary row of its neighbour receives that row's chunk, not the
-    neighbour's whole output, and data locality does not pin the next sweep
-    to the worker that ran the last one.
+    A task is handed the rows it reads as pieces of its writers' results (a
+    small task beside each writer, one per run of adjacent chunks), so a
+    task that needs one boundary row of its neighbour receives that row's
+    chunk, not the neighbour's whole output.
     """
     graph = {}
     for t in tasks:
         key = name(t.key)
         pieces = []
-        for writer, (array, lead, lo, hi) in t.pieces:
-            piece = _piece_key(name(writer), array, lead, lo)
+        for writer, (array, lead, lo, hi) in _merged(t.pieces):
+            piece = _piece_key(name(writer), array, lead, lo, hi)
             graph.setdefault(piece, (_piece, name(writer), array, lead, lo, hi))
             pieces.append(piece)
         graph[key] = (t.func, t.spec, store, context, *pieces)
@@ -217,8 +272,56 @@ def _graph(tasks, store, context, name=lambda key: key) -> dict:
     return graph
 
 
-def _piece_key(writer: str, array: str, lead: tuple, lo: int) -> str:
-    return f"{writer}-{array}-{'-'.join(map(str, lead))}-r{lo}"
+def _placed(graph: dict, tasks, name, workers: list[str], n_steps: int) -> HighLevelGraph:
+    """``graph`` with each task on the worker that owns its range of time (:func:`~daskann.mgrit._plan.owner`).
+
+    Each worker then reads its own rows and only those at the ends of its
+    range move. A piece or a summary runs beside the result it reads (left
+    free, the scheduler may move a whole result to an idle worker for it).
+    The restrictions are strict, so that no worker steals a task and then
+    hands its whole result back; a task whose worker has left would wait
+    for it, so the executor places the iteration again as soon as one of
+    the workers it was placed on has left (:meth:`DaskExecutor._result`).
+    """
+    if not workers:
+        return HighLevelGraph.from_collections("mgrit", graph)
+    home = {name(t.key): workers[owner(t.start, n_steps, len(workers))] for t in tasks}
+    parts: dict[str | None, dict] = {}
+    for key, value in graph.items():
+        # a piece (_piece, writer, ...) or a summary (_summary, task) goes where the result it reads is
+        address = home[key] if key in home else home.get(value[1])
+        parts.setdefault(address, {})[key] = value
+    free = parts.pop(None, {})
+    layers = {
+        f"mgrit-{i}": MaterializedLayer(part, annotations={"workers": [address], "allow_other_workers": False})
+        for i, (address, part) in enumerate(parts.items())
+    }
+    if free:
+        layers["mgrit-free"] = MaterializedLayer(free)
+    # the layers depend on each other both ways: the scheduler orders the tasks by their keys' dependencies
+    return HighLevelGraph(layers, {layer: set(layers) - {layer} for layer in layers})
+
+
+def _merged(pieces) -> list[tuple]:
+    """The chunks a task reads, adjacent ones from one writer's array joined: one piece per run of rows."""
+    runs: dict[tuple, list[list[int]]] = {}
+    for writer, (array, lead, lo, hi) in pieces:
+        runs.setdefault((writer, array, tuple(lead)), []).append([lo, hi])
+    out = []
+    for (writer, array, lead), spans in runs.items():
+        spans.sort()
+        joined = [spans[0]]
+        for lo, hi in spans[1:]:
+            if lo <= joined[-1][1]:
+                joined[-1][1] = max(joined[-1][1], hi)
+            else:
+                joined.append([lo, hi])
+        out += [(writer, (array, lead, lo, hi)) for lo, hi in joined]
+    return out
+
+
+def _piece_key(writer: str, array: str, lead: tuple, lo: int, hi: int) -> str:
+    return f"{writer}-{array}-{'-'.join(map(str, lead))}-r{lo}-{hi}"
 
 
 def _piece(result: dict, array: str, lead: tuple, lo: int, hi: int) -> dict:

@@ -14,10 +14,13 @@ Where the rows live: in-process, tasks compute into the numpy arrays of
 dask's schedulers a task hands the rows it computes to the tasks that read
 them, in memory, as part of its result (:class:`TaskStore`); only the final
 sweep of an iteration writes to the zarr store, whole chunks once it has
-checked them: the committed C-points of level 0 and their C-relaxed copy
-(and ``v1``/``g1`` when it restricts, ``u0`` when fine points are kept),
-which is what the next iteration and a resumed run start from. A worker lost
-in an iteration costs the recomputation of what it held, from those C-points.
+checked them: the committed C-points of level 0 (and ``v1``/``g1`` when it
+restricts, ``u0`` when fine points are kept), which is what a resumed run
+starts from. Their C-relaxed copy, which starts the next iteration, stays in
+the memory of the worker that computed it and is handed to the next
+iteration by a task on that worker (:func:`run_handoff`). A worker lost in an
+iteration costs the recomputation of what it held, from the committed
+C-points; a lost copy costs the next iteration one more sweep.
 
 Arrays of the trajectory store (``P`` = state size, ``K_l`` = C-points of
 level ``l`` after point 0, ``N_l`` = points of level ``l`` after point 0):
@@ -47,11 +50,13 @@ write one chunk.
 from __future__ import annotations
 
 import inspect
+import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from daskann._heap import heap_for_blocks
 from daskann.exceptions import DaskannError
 
 #: C-value slots per level: a sweep reads one and writes others; the final sweep of an iteration also avoids
@@ -113,6 +118,11 @@ class SweepSpec:
     order : int
         Position in the iteration's submission order (the latest writer of a
         chunk wins).
+    keep : tuple or None
+        The final sweep on dask's schedulers: ``(run, iteration, token)``
+        under which the worker keeps the ``fuse_c`` values in its memory for
+        the next iteration (:func:`run_handoff`) instead of writing them to
+        the store; a resumed run does not need them.
     """
 
     level: int
@@ -131,6 +141,7 @@ class SweepSpec:
     gen_next: int = 0
     persist: bool = False
     order: int = 0
+    keep: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +151,21 @@ class CoarseSpec:
     level: int
     rhs: bool
     gen: int = 0
+    persist: bool = False
+    order: int = 0
+
+
+@dataclass(frozen=True)
+class HandoffSpec:
+    """The C-values a final sweep kept in its worker's memory, handed to the next iteration (one task).
+
+    Attributes
+    ----------
+    token : tuple
+        ``(run, iteration, token)`` of the final sweep task that kept them.
+    """
+
+    token: tuple
     persist: bool = False
     order: int = 0
 
@@ -214,18 +240,18 @@ def _cvalues(store, ctx: Context, spec: SweepSpec, first: int, last: int) -> lis
         return out
     kind = spec.source[0]
     if kind == "c":
-        values = store.read(f"c{level}", (spec.source[1], slice(lo - 1, last)))
+        values = store.rows(f"c{level}", (spec.source[1], slice(lo - 1, last)))
     elif kind == "v":
         m = ctx.hierarchy.cfactors[level]
-        values = store.read(f"v{level}", (spec.gen, slice(lo * m - 1, last * m, m)))
+        values = store.rows(f"v{level}", (spec.gen, slice(lo * m - 1, last * m, m)))
     else:
-        values = store.read(f"u{level + 1}", slice(lo - 1, last))
+        values = store.rows(f"u{level + 1}", slice(lo - 1, last))
     if spec.correct:
         # FAS correction at the C-points: u_l += u_{l+1} - v_{l+1}
-        values = values + (
-            store.read(f"u{level + 1}", slice(lo - 1, last))
-            - store.read(f"v{level + 1}", (spec.gen_next, slice(lo - 1, last)))
+        correction = store.read(f"u{level + 1}", slice(lo - 1, last)) - store.read(
+            f"v{level + 1}", (spec.gen_next, slice(lo - 1, last))
         )
+        values = np.add(values, correction)
         bad = ~np.isfinite(values).all(axis=1)
         if bad.any():
             q = lo + int(np.argmax(bad))
@@ -264,8 +290,10 @@ class TaskStore:
         Of the states.
     """
 
-    def __init__(self, backing, deps, *, persist: bool, order: int, dtype):
+    def __init__(self, backing, deps, *, persist: bool, order: int, dtype, keep: tuple = ()):
         self.backing, self.persist, self.order, self.dtype = backing, persist, order, dtype
+        self.keep = keep  # (name, lead) of rows kept in this worker's memory rather than written
+        self.kept: list[tuple] = []
         self.found: dict[tuple, list] = {}
         for dep in deps:
             for block in dep.get("blocks", ()) if dep is not None else ():
@@ -282,6 +310,11 @@ class TaskStore:
         return None, None
 
     def read(self, name: str, index) -> np.ndarray:
+        rows = self.rows(name, index)
+        return rows if isinstance(rows, np.ndarray) else np.stack(rows)
+
+    def rows(self, name: str, index):
+        """The rows as one array when one block (or the store) holds them all, else as a list of row views."""
         lead, rows = _rows(index)
         parts = [self._locate(name, lead, r) for r in rows]
         if all(a is None for a, _ in parts):
@@ -293,17 +326,19 @@ class TaskStore:
         first, i0 = parts[0]
         if rows.step == 1 and all(a is first and i == i0 + k for k, (a, i) in enumerate(parts)):
             return first[i0 : i0 + len(parts)]  # one block holds them all: a view
-        return np.stack([a[i] for a, i in parts])
+        return [a[i] for a, i in parts]
 
     def buffer(self, name: str, index, shape) -> np.ndarray:
         return np.empty(shape, dtype=self.dtype)
 
     def write(self, name: str, index, value) -> None:
-        if self.persist:
-            self.backing.write(name, index, value)
-            return
         lead, rows = _rows(index)
-        self.blocks.append((name, lead, rows.start, self.order, value))
+        if self.persist and (name, lead) == self.keep:
+            self.kept.append((name, lead, rows.start, self.order, value))
+        elif self.persist:
+            self.backing.write(name, index, value)
+        else:
+            self.blocks.append((name, lead, rows.start, self.order, value))
 
 
 class _Timed:
@@ -316,6 +351,14 @@ class _Timed:
         t0 = time.perf_counter()
         try:
             return self.store.read(name, index)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def rows(self, name, index):
+        """Rows to index one at a time: row views where a copy into one array would serve nothing."""
+        t0 = time.perf_counter()
+        try:
+            return getattr(self.store, "rows", self.store.read)(name, index)
         finally:
             self.seconds += time.perf_counter() - t0
 
@@ -334,7 +377,46 @@ def _task_store(store, spec, ctx: Context, deps):
     """The store a task works on: the in-process arrays themselves, or a :class:`TaskStore`."""
     if getattr(store, "in_place", False):
         return store
-    return TaskStore(store, deps, persist=spec.persist, order=spec.order, dtype=ctx.layout.dtype)
+    keep = (f"c{spec.level}", (spec.fuse_c,)) if getattr(spec, "keep", None) else ()
+    return TaskStore(store, deps, persist=spec.persist, order=spec.order, dtype=ctx.layout.dtype, keep=keep)
+
+
+#: C-values final sweeps keep in this process for the next iteration: ``token -> blocks``
+_KEPT: dict[tuple, list] = {}
+_KEPT_LOCK = threading.Lock()
+
+
+def _keep(token: tuple, blocks: list) -> None:
+    """Keep a final sweep's rows under ``token = (run, iteration, key)``; drop the run's older iterations'."""
+    run, iteration, _key = token
+    with _KEPT_LOCK:
+        for old in [t for t in _KEPT if t[0] == run and t[1] < iteration]:
+            del _KEPT[old]
+        _KEPT[token] = blocks
+
+
+def release_kept(run: str) -> None:
+    """Forget the rows kept for run ``run`` (and its re-planned attempts) in this process."""
+    with _KEPT_LOCK:
+        for token in [t for t in _KEPT if t[0] == run]:
+            del _KEPT[token]
+
+
+def run_handoff(spec: HandoffSpec, store, ctx: Context, *deps) -> dict:
+    """The C-values the previous iteration's final sweep kept on this worker, for this iteration's first sweep.
+
+    Runs on the worker that ran that sweep. Anywhere else (that worker left
+    the cluster, or was replaced) the rows are not here: the result says the
+    hand-off is stale and the caller re-plans the iteration from the
+    committed C-points in the store. The task has no dependencies, so dask
+    can never recompute an earlier iteration from slots overwritten since.
+    """
+    with _KEPT_LOCK:
+        blocks = _KEPT.get(spec.token)
+    if blocks is None:
+        return {"ok": False, "stale": True, "level": 0, "step": 0, "what": "the kept C-values are gone"}
+    # the rows are read, never written: the same arrays serve a recomputed reader
+    return {"ok": True, "residuals": [], "last": None, "blocks": [(*b[:3], spec.order, b[4]) for b in blocks]}
 
 
 def _done(result: dict, store) -> dict:
@@ -351,13 +433,16 @@ def run_sweep(spec: SweepSpec, store, ctx: Context, *deps) -> dict:
         return SKIPPED
     t0, cpu0 = time.perf_counter(), time.thread_time()
     timed = _Timed(_task_store(store, spec, ctx, deps))
-    try:
-        with np.errstate(all="ignore"):
-            writes, residuals, last = _sweep_block(spec, timed, ctx)
-    except StepFailed as exc:
-        return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what}
-    for name, index, value in writes:
-        timed.write(name, index, value)
+    with heap_for_blocks():  # the store's encoding buffers too
+        try:
+            with np.errstate(all="ignore"):
+                writes, residuals, last = _sweep_block(spec, timed, ctx)
+        except StepFailed as exc:
+            return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what}
+        for name, index, value in writes:
+            timed.write(name, index, value)
+    if spec.keep is not None and getattr(timed.store, "kept", None):
+        _keep(spec.keep, timed.store.kept)
     result = {
         "ok": True,
         "residuals": residuals,
@@ -399,7 +484,7 @@ def _sweep_block(spec: SweepSpec, store, ctx: Context):
     n_new = c_last - q0  # C-points this block owns
     cvals = _cvalues(store, ctx, spec, q0, c_last)
     row0, row1 = q0 * m, min(q1 * m, n_points)  # rows of u{level} and g{level} in this block
-    g = store.read(f"g{level}", (spec.gen, slice(row0, row1))) if spec.rhs else None
+    g = store.rows(f"g{level}", (spec.gen, slice(row0, row1))) if spec.rhs else None
     block = _Block(store, ctx.layout.size)
     new_c = block.add(f"c{level}", (spec.dst, slice(q0, c_last)), n_new) if n_new > 0 else None
     fused = None
@@ -470,11 +555,11 @@ def run_coarse(spec: CoarseSpec, store, ctx: Context, *deps) -> dict:
     store = _Timed(_task_store(store, spec, ctx, deps))
     level = spec.level
     n = ctx.hierarchy.n_points(level)
-    g = store.read(f"g{level}", (spec.gen, slice(0, n))) if spec.rhs else None
+    g = store.rows(f"g{level}", (spec.gen, slice(0, n))) if spec.rhs else None
     x = ctx.u0
     out = store.buffer(f"u{level}", slice(0, n), (n, x.size))
     try:
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), heap_for_blocks():
             for p in range(1, n + 1):
                 x = ctx.phi(x, level, p - 1, None if g is None else g[p - 1], out=out[p - 1])
     except StepFailed as exc:

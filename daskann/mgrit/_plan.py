@@ -17,7 +17,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from daskann.mgrit._kernels import SLOTS, CoarseSpec, SweepSpec, run_coarse, run_sweep
+from daskann.mgrit._kernels import SLOTS, CoarseSpec, HandoffSpec, SweepSpec, run_coarse, run_handoff, run_sweep
 
 
 @dataclass
@@ -33,6 +33,14 @@ class Task:
     #: ``(writer, (name, lead, lo, hi))`` per chunk read: the task is handed rows ``lo .. hi - 1`` of array
     #: ``name`` (leading indices ``lead``) from the writer's result, not the writer's whole result
     pieces: tuple = ()
+    #: the fine step where the task's intervals start: on a cluster the task runs on the worker that owns
+    #: this point of time (:func:`owner`), so that only the rows at the ends of a worker's range move
+    start: int = 0
+
+
+def owner(start: int, n_steps: int, workers: int) -> int:
+    """The worker (0 .. ``workers - 1``) that owns fine step ``start``: each owns one contiguous range of time."""
+    return min(workers - 1, start * workers // max(n_steps, 1))
 
 
 AUTO_TASKS = 32  # tasks per sweep that intervals_per_task="auto" aims at
@@ -55,22 +63,31 @@ def block_sizes(hierarchy, intervals_per_task) -> tuple[int, ...]:
 TASK_COST_RATIO = 20
 
 
+#: the most tasks per worker in one sweep: two let a worker start on one end of its range while the rows at
+#: the other end are still on their way
+TASKS_PER_WORKER = 2
+
+
 def task_sizes(hierarchy, blocks, cost, *, step_seconds: float, task_seconds: float, workers: int) -> tuple:
     """Intervals per task on each level but the coarsest, from measured costs (``intervals_per_task="auto"``).
 
-    A task relaxes whole chunks of the store (``blocks[l]`` intervals each),
-    enough of them that it runs at least :data:`TASK_COST_RATIO` times the
-    scheduler's per-task cost ``task_seconds`` (one step of level ``l`` takes
-    ``cost(l) * step_seconds``), but no more than leaves two tasks per worker
-    in a sweep, so that the workers share it.
+    Each worker owns one contiguous range of time (:func:`owner`) and
+    relaxes it in one or :data:`TASKS_PER_WORKER` tasks of whole store chunks
+    (``blocks[l]`` intervals each), as many as keep each task at least
+    :data:`TASK_COST_RATIO` times the scheduler's per-task cost
+    ``task_seconds`` (one step of level ``l`` takes ``cost(l) *
+    step_seconds``). The tasks of a sweep are as long as each other, so the
+    workers share it evenly.
     """
+    workers = max(workers, 1)
     sizes = []
     for level, block in enumerate(blocks):
         n = hierarchy.n_intervals(level)
         interval = max(hierarchy.cfactors[level] * cost(level) * step_seconds, 1e-9)
-        want = math.ceil(TASK_COST_RATIO * task_seconds / interval)
-        want = min(want, max(1, n // (2 * max(workers, 1))))
-        sizes.append(min(n, block * max(1, math.ceil(want / block))))
+        want = math.ceil(TASK_COST_RATIO * task_seconds / interval)  # intervals a task should at least hold
+        chunks = -(-math.ceil(n / block) // workers)  # whole chunks per worker
+        per_worker = max(1, min(TASKS_PER_WORKER, chunks * block // max(want, 1)))
+        sizes.append(min(n, block * -(-chunks // per_worker)))
     return tuple(sizes)
 
 
@@ -116,14 +133,27 @@ class Planner:
         ``cost(level)``: work units of one step of ``level``.
     prefix : str
         Key prefix of the run.
+    run : str, optional
+        The run's name in the tokens of kept C-values (default ``prefix``).
+
+    Attributes
+    ----------
+    keep_fused : bool
+        The final sweep keeps the C-relaxed values that start the next
+        iteration in its worker's memory (dask's schedulers), and the next
+        iteration's first sweep is handed them (:func:`run_handoff`): they
+        never go through the store.
     """
 
-    def __init__(self, hierarchy, options: dict, cost, prefix: str):
+    def __init__(self, hierarchy, options: dict, cost, prefix: str, *, run: str | None = None):
         self.h = hierarchy
         self.L = hierarchy.n_levels
         self.opt = options
         self.cost = cost
         self.prefix = prefix
+        self.run = prefix if run is None else run
+        self.keep_fused = False
+        self.kept: list[tuple] = []  # (token, start, chunks) of each task of the last final sweep that kept rows
         self.blocks = options["blocks"]  # intervals per chunk of the store
         self.task_blocks = self.blocks  # intervals per task: whole chunks (:func:`task_sizes`)
         self.source = [None] * self.L
@@ -147,6 +177,7 @@ class Planner:
         self.source[0] = ("c", slot)
         self.restricted = False
         self.prerelaxed = None
+        self.kept = []
 
     # -- chunks ------------------------------------------------------------------
     def _u_chunk(self, level: int, row: int) -> tuple:
@@ -198,13 +229,17 @@ class Planner:
         return [s for s in range(SLOTS) if s not in avoid]
 
     # -- emitting tasks ------------------------------------------------------------
-    def _emit(self, func, spec, reads, writes, cost, level, final=False, label="") -> None:
+    def _emit(self, func, spec, reads, writes, cost, level, final=False, label="", start=0, keep=()) -> None:
         key = f"{self.prefix}-it{self._iteration}-{self._counter:04d}-L{level}{label}"
         spec = dataclasses.replace(spec, persist=final, order=self._counter)
+        if keep:  # the chunks ``keep`` stay in the worker's memory under this token
+            token = (self.run, self._iteration, key)
+            spec = dataclasses.replace(spec, keep=token)
+            self._kept_now.append((token, start, tuple(keep)))
         self._counter += 1
         deps, data, reads_from = self._tracker.add(key, reads, writes)
         pieces = tuple((writer, self._chunk_rows(chunk)) for writer, chunk in reads_from)
-        self._tasks.append(Task(key, func, spec, deps, cost, level, final, data, pieces))
+        self._tasks.append(Task(key, func, spec, deps, cost, level, final, data, pieces, start))
 
     def sweep(
         self,
@@ -275,7 +310,9 @@ class Planner:
                 gen=gen,
                 gen_next=gen_next,
             )
-            self._emit(run_sweep, spec, reads, writes, cost, level, final, f"-{mode}-q{q0}")
+            start = q0 * h.cfactors[level] * h.span(level)
+            keep = [w for w in writes if w[0] == "c" and w[2] == fuse] if final and self.keep_fused else ()
+            self._emit(run_sweep, spec, reads, writes, cost, level, final, f"-{mode}-q{q0}", start, keep)
         keys = {t.key for t in self._tasks[first:]}
         if any(d in keys for t in self._tasks[first:] for d in t.deps):
             raise AssertionError(f"tasks of one sweep on level {level} depend on each other")
@@ -336,10 +373,16 @@ class Planner:
         self.prerelaxed = None
 
     # -- one iteration ---------------------------------------------------------------
+    def handoffs(self) -> None:
+        """Tasks that hand the C-values the last final sweep kept in memory to this iteration's first sweep."""
+        for token, start, chunks in self.kept:
+            self._emit(run_handoff, HandoffSpec(token), [], chunks, 0.0, 0, label=f"-handoff-s{start}", start=start)
+
     def iteration(self, iteration: int, *, nested: bool = False) -> list[Task]:
         """The tasks of MGRIT iteration ``iteration`` (1-based)."""
         self._tasks, self._tracker, self._counter = [], _Tracker(), 0
         self._iteration = iteration
+        self._kept_now: list[tuple] = []
         if self.L == 1:
             self.coarse_solve()
             return self._tasks
@@ -354,6 +397,7 @@ class Planner:
             pre = cf0
             if self.prerelaxed is not None:
                 self.source[0] = ("c", self.prerelaxed)
+                self.handoffs()
                 pre -= 1
             for _ in range(pre):
                 self.sweep(0, "C")
@@ -364,4 +408,5 @@ class Planner:
         self.committed = self.source[0][1]
         self.restricted = cf0 == 0
         self.prerelaxed = fused
+        self.kept = self._kept_now
         return self._tasks

@@ -125,6 +125,7 @@ class SolveRun:
         self.norms: list[float] = []
         self.graphs: list = []  # work-model graphs of the iterations run by this call
         self.executor = None
+        self.replans = 0  # iterations started again because C-values kept on a worker were lost
         if self.iteration == 0:
             self._write_initial_guess()
         self.planner = self._planner(opt["blocks"], prefix)
@@ -151,7 +152,7 @@ class SolveRun:
             rows = np.broadcast_to(guess, (h.n_cpoints(0), u0_vec.size)) if cpoints is None else cpoints
             self.store.write("c0", (0, slice(None)), rows)
 
-    def _planner(self, blocks: tuple, prefix: str) -> Planner:
+    def _planner(self, blocks: tuple, prefix: str, run: str | None = None) -> Planner:
         h, opt = self.hierarchy, self.opt
         cost = {lvl: float(self.context.propagator.cost(lvl, h.span(lvl))) for lvl in range(h.n_levels)}
         options = {
@@ -161,13 +162,15 @@ class SolveRun:
             "store_fine": opt["store_fine"],
             "blocks": blocks,
         }
-        return Planner(h, options, cost.__getitem__, prefix)
+        return Planner(h, options, cost.__getitem__, prefix, run=run)
 
     def open_executor(self) -> None:
         if self.opt["scheduler"] is None:
             self.executor = InProcessExecutor(self.store, self.context)
             return
         self.executor = DaskExecutor(self.opt["scheduler"], self.store, self.context, timeout=self.opt["timeout"])
+        # tasks pass rows in memory: the values that start the next iteration stay on their workers too
+        self.planner.keep_fused = True
         if self.executor.name == "distributed" and self.opt["intervals_per_task"] == "auto":
             # tasks of whole store chunks, sized from what a step and a task cost on this cluster
             try:
@@ -184,6 +187,10 @@ class SolveRun:
         tasks = self.planner.iteration(k, nested=nested)
         t0 = time.perf_counter()
         results = self.executor.run(tasks)
+        if any(r.get("stale") for r in results.values()):
+            # a worker that kept C-values for this iteration left: start it again from the committed C-points
+            tasks = self._replan().iteration(k, nested=nested)
+            results = self.executor.run(tasks)
         seconds = time.perf_counter() - t0
         failure = next(
             (results[t.key] for t in tasks if not results[t.key]["ok"] and not results[t.key].get("skipped")), None
@@ -207,6 +214,15 @@ class SolveRun:
         )
         self.records.append(record)
         return record, norms
+
+    def _replan(self) -> Planner:
+        """A planner that continues from the committed C-points in the store, as a resumed run does."""
+        self.replans += 1
+        planner = self._planner(self.planner.blocks, f"{self.planner.run}-again{self.replans}", run=self.planner.run)
+        planner.task_blocks, planner.keep_fused = self.planner.task_blocks, self.planner.keep_fused
+        planner.restart_from(self.progress["committed"])
+        self.planner = planner
+        return planner
 
     def check_stable(self, k: int, norms: list[float]) -> None:
         """Raise :class:`MGRITDiverged` for a non-finite residual or one grown past ``divergence_factor``."""
@@ -280,6 +296,7 @@ class SolveRun:
 
     def close(self) -> None:
         if self.executor is not None:
+            self.executor.release(self.planner.run)
             self.executor.close()
         if self.zarr:
             self.store.forget()

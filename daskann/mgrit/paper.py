@@ -20,7 +20,10 @@ four-layer
 :data:`TABLES` lists every table the paper reports (its numbering), with its
 three-layer iteration counts; :func:`solve_paper` runs one entry. The
 assignment of the four-layer Tables 8-11 to (solver, alpha_b) and the cycle of
-Table 12 are daskann's reading of the paper's description.
+Table 12 are daskann's reading of the paper's description, and so is the row a
+serialized step trains on: the step that computes point ``i`` (of any level)
+uses row ``i mod K`` (``row_index="end"`` of
+:func:`daskann.mgrit.presets.paper_options`).
 """
 
 from __future__ import annotations
@@ -134,6 +137,7 @@ def solve_paper(
     alpha_max: float = math.inf,
     double_phi=False,
     max_coarse: int = 10,
+    row_index: str = "end",
     **solver_options,
 ) -> MGRITResult:
     """Run one of the paper's solvers on ``prob`` over ``n_steps`` steps, in this process.
@@ -156,6 +160,7 @@ def solve_paper(
         cycle=cycle,
         double_phi=double_phi,
         max_coarse=max_coarse,
+        row_index=row_index,
     )
     prop = paper_propagator(prob, options)
     kwargs = {**options["solver"], "divergence_factor": None, **solver_options}

@@ -52,8 +52,13 @@ as with XBraid's default ``skip=1``, the first cycle starts with the coarse
 levels' own solution: ``nested_iteration=True``; the paper ran XBraid), a halting
 tolerance of ``1e-9 * sqrt(N)`` on the Euclidean norm of the global residual
 and at most 50 iterations. Point ``i`` of a coarse level trains on the rows
-of its own index ``i`` (the paper's section 2 rule). They differ in the
-coarse learning rate ``alpha^(l)`` of level ``l`` and the data of a step:
+of its own index ``i`` (the paper's section 2 rule). On serialized data the
+step that computes point ``i`` of any level trains on row ``i mod K``
+(``row_index="end"``: the steps are numbered ``1 .. N`` as the points they
+compute); ``row_index="start"`` numbers them ``0 .. N - 1`` by the point
+they start from. ``"end"`` reproduces the paper's Tables 5-7
+(``docs/mgrit.md``). They differ in the coarse learning rate ``alpha^(l)``
+of level ``l`` and the data of a step:
 
 ``"naive"``
     ``alpha^(l) = alpha_b`` on every level; batch (every step all rows).
@@ -131,6 +136,7 @@ PAPER_PRESETS: dict[str, dict] = {
 }
 PAPER_CYCLES = ("two-level", "V", "F")
 DOUBLE_PHI = (False, "split", "repeat")
+ROW_INDEX = ("end", "start")
 
 
 def paper_levels(n_steps: int, *, cfactor: int = 2, max_coarse: int = 10) -> int:
@@ -152,6 +158,7 @@ def paper_options(
     double_phi=False,
     max_coarse: int = 10,
     max_iter: int = 50,
+    row_index: str = "end",
 ) -> dict:
     """Solver and propagator options of the paper's solver ``name`` for ``n_steps`` steps.
 
@@ -170,6 +177,10 @@ def paper_options(
     max_coarse : int
         Most steps the coarsest level may have (at least 1).
     max_iter : int
+    row_index : {"end", "start"}
+        On serialized data, the step from point ``i - 1`` to point ``i`` of
+        any level trains on row ``i mod K`` (``"end"``) or on row
+        ``(i - 1) mod K`` (``"start"``); batch data ignores it.
 
     Returns
     -------
@@ -192,6 +203,7 @@ def paper_options(
     if double_phi not in DOUBLE_PHI or isinstance(double_phi, (int, float)) and double_phi is not False:
         raise invalid("double_phi", double_phi, "False, 'split' or 'repeat'")
     max_coarse = check_int("max_coarse", max_coarse, minimum=1)
+    check_choice("row_index", row_index, ROW_INDEX)
     if n_steps // 2 < 1:
         raise invalid("n_steps", n_steps, "at least 2 (the coarsest level would keep fewer than 1 step)")
     preset = PAPER_PRESETS[name]
@@ -219,6 +231,8 @@ def paper_options(
         "repeats": 2 if double_phi == "repeat" else 1,
         "coarse_data": "own",
         "velocity": False,
+        # the step into point i uses row i mod K: shift the order by one (fine and coarse rows alike)
+        "step_offset": 1 if preset["data"] == "serialized" and row_index == "end" else 0,
     }
     return {"solver": solver, "propagator": propagator, "data": preset["data"]}
 

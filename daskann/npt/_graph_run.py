@@ -23,7 +23,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
 from typing import NamedTuple
 
 import numpy as np
@@ -48,20 +47,22 @@ class GraphResult:
     grid: ProcessGrid | None = None
     recoveries: int = 0
     timings: dict = field(default_factory=dict)
-    state: object = None  # the final GridState, alive on the grid (None after divergence)
+    state: object = None  # the final GridState (after divergence, the last finite one), alive on the grid
 
 
 class Anchor(NamedTuple):
     """A state training can restart from after ``step`` steps.
 
     Held by the client (``model`` and ``velocity``) or, with ``path``, a checkpoint store whose
-    blocks the cells read themselves (then ``model`` and ``velocity`` are None).
+    blocks the cells read themselves (then ``model`` and ``velocity`` are None), or, with ``state``,
+    a :class:`GridState` the cells hold (a finished run continued; lost with any of its workers).
     """
 
     step: int
     model: object = None
     velocity: list | None = None
     path: str | None = None
+    state: object = None
 
 
 @dataclass(frozen=True)
@@ -128,16 +129,17 @@ class GraphRun:
 
 
 def train_graph(
-    client, grid: ProcessGrid, run: GraphRun, *, model=None, velocity=None, start: int, path=None
+    client, grid: ProcessGrid, run: GraphRun, *, model=None, velocity=None, start: int, path=None, state=None
 ) -> GraphResult:
     """Train steps ``start .. run.stop - 1``; see the module docstring.
 
-    The starting state is ``model`` and ``velocity`` (scattered from the client), the checkpoint
-    store ``path`` (read on the cells), or, at step 0 with ``run.seed``, born on the cells.
+    The starting state is ``model`` and ``velocity`` (scattered from the client), the
+    :class:`GridState` ``state`` a run on this grid left on it, the checkpoint store ``path`` (read
+    on the cells), or, at step 0 with ``run.seed``, born on the cells.
     """
     max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
     held = [v.copy() for v in velocity] if velocity is not None else None
-    anchor = Anchor(start, model, held, None if path is None else str(path))
+    anchor = Anchor(start, model, held, None if path is None else str(path), state)
     rows: dict = {}
     t0 = time.perf_counter() - run.time_offset
     task_stream_start = time.time()
@@ -153,6 +155,14 @@ def train_graph(
         except WorkerLost as exc:
             attempt += 1
             new_anchor = exc.args[1] if len(exc.args) > 1 and exc.args[1] is not None else anchor
+            if new_anchor.state is not None:
+                # the cells' state may have left with the worker: only a store or the client can restart it
+                if new_anchor.path is None and new_anchor.model is None:
+                    raise RuntimeError(
+                        f"graph-mode training lost the grid state it continued from, which no checkpoint holds "
+                        f"({exc.args[0]})"
+                    ) from exc
+                new_anchor = new_anchor._replace(state=None)
             # the budget is per checkpoint: a replay that reached a new checkpoint made progress
             since_anchor = 1 if new_anchor.step > anchor.step else since_anchor + 1
             anchor = new_anchor
@@ -189,8 +199,6 @@ class _Attempt:
     def __init__(self, client, grid: ProcessGrid, run: GraphRun, anchor: Anchor, rows: dict, *, prefix: str, t0: float):
         self.run, self.anchor, self.rows, self.prefix, self.t0 = run, anchor, rows, prefix, t0
         self.origin = anchor  # the state this attempt starts from: a diverged run may replay from it
-        # activation and output of every model gathered
-        self.like = SimpleNamespace(**{k: run.settings[k] for k in ("activation", "output", "negative_slope")})
         self.grid = grid
         self.engine = GraphEngine(
             client, grid, sizes=run.sizes or anchor.model.sizes, settings=run.settings, prefix=prefix, chains=run.chains
@@ -221,6 +229,8 @@ class _Attempt:
             )
             if run.seed is not None and anchor.step == 0:
                 self.states[0] = engine.born_state(run.seed)
+            elif anchor.state is not None:
+                self.states[anchor.step] = anchor.state
             elif anchor.path is not None:
                 self.states[anchor.step] = engine.stored_state(anchor.path, anchor.step)
             else:
@@ -317,15 +327,15 @@ class _Attempt:
         engine, rows = self.engine, self.rows
         state = self._state(step)
         params_ok, velocity_ok = engine.check_finite(state)
+        # the last finite state stays on the grid, as a finished run's does: nothing is gathered here
         if params_ok or step - 1 < self.origin.step:
             # serial stops at step + 1 on the loss, keeping the weights it started that step with
-            model, velocity = engine.gather_state(state, self.like)
-            return GraphResult(model, velocity, rows, diverged_step=step + 1, diverged_what="the loss or its gradients")
+            what = "the loss or its gradients"
+            return GraphResult(None, None, rows, diverged_step=step + 1, diverged_what=what, state=state)
         # the update of the previous step already produced non-finite weights
         rows.pop(step, None)
-        model, velocity = engine.gather_state(self._state(step - 1), self.like)
         what = "the weights" if velocity_ok else "the loss or its gradients"
-        return GraphResult(model, velocity, rows, diverged_step=step, diverged_what=what)
+        return GraphResult(None, None, rows, diverged_step=step, diverged_what=what, state=self._state(step - 1))
 
     def _state(self, step: int):
         """The state after ``step`` steps: held, or trained again from the latest saved state before it.

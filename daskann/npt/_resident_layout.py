@@ -115,6 +115,39 @@ class Layout:
                 parts["b"][k, j], parts["vb"][k, j] = b, np.zeros_like(b)
         return parts
 
+    def stored_blocks(self, worker: str, path: str) -> dict:
+        """``W``, ``vW``, ``b``, ``vb`` of ``worker``'s cells read, and verified, from the checkpoint ``path``.
+
+        The store may come from any grid or mode: each block is re-cut from the written blocks it overlaps.
+        """
+        from daskann.store import read_region
+
+        cells = self.cells_of(worker)
+        columns = sorted({j for _, j in cells})
+        parts = {"W": {}, "vW": {}, "b": {}, "vb": {}}
+        for k in range(self.n_layers):
+            for cell in cells:
+                region = (self.features[k][cell[0]], self.features[k + 1][cell[1]])
+                parts["W"][k, cell] = read_region(path, f"weights/{k}", region)
+                parts["vW"][k, cell] = read_region(path, f"velocity/{2 * k}", region)
+            for j in columns:
+                parts["b"][k, j] = read_region(path, f"biases/{k}", (self.features[k + 1][j],))
+                parts["vb"][k, j] = read_region(path, f"velocity/{2 * k + 1}", (self.features[k + 1][j],))
+        return parts
+
+    def store_layout(self, dtype) -> dict:
+        """The arrays of a checkpoint of this net cut into this layout's blocks (:class:`daskann.store.BlockArray`)."""
+        from daskann.store import BlockArray
+
+        layout, name = {}, np.dtype(dtype).name
+        for k in range(self.n_layers):
+            shape = (self.sizes[k], self.sizes[k + 1])
+            for array in (f"weights/{k}", f"velocity/{2 * k}"):
+                layout[array] = BlockArray(shape, name, (self.features[k], self.features[k + 1]))
+            for array in (f"biases/{k}", f"velocity/{2 * k + 1}"):
+                layout[array] = BlockArray((shape[1],), name, (self.features[k + 1],))
+        return layout
+
     def assemble_weight(self, layer: int, blocks: dict, dtype) -> np.ndarray:
         out = np.empty((self.sizes[layer], self.sizes[layer + 1]), dtype=dtype)
         for (k, j), block in blocks.items():

@@ -20,6 +20,11 @@ next step's first blocks; the step is confirmed (or rolled back, on
 divergence) by all workers alike before the next update, so no step waits on
 a barrier of its own.
 
+At the evaluation steps of a run with validation data, the cells run one more
+forward pass, by the same products, over their grid row's band of the
+validation rows, and keep their share of the loss (and of the correctly
+classified rows); the client adds up these numbers, never a block.
+
 Arrays are never modified in place once made (updates build new arrays): a
 block that was sent, or handed out as a result, stays valid.
 """
@@ -31,15 +36,19 @@ import time
 
 import numpy as np
 
+from daskann._heap import heap_for_blocks
 from daskann.nn import SGD
 from daskann.nn._functional import activate, activation_backward
 from daskann.npt._exchange import Channel
-from daskann.npt._resident_alloc import heap_for_blocks
 from daskann.npt._resident_layout import Layout
 
 
-def run_worker(spec: dict, payload: dict) -> dict:
-    """Task body: train this worker's cells for ``spec['start']..spec['stop']``."""
+def run_worker(spec: dict, payload: dict, previous: dict | None = None) -> dict:
+    """Task body: train this worker's cells for ``spec['start']..spec['stop']``.
+
+    The cells start from ``previous`` (the result of this worker's task in the stretch before,
+    still in its memory) when given, else from what ``payload`` names.
+    """
     from distributed import secede
 
     # leave the thread pool: cells of other runs (or a busy worker) must not wait on us
@@ -47,6 +56,8 @@ def run_worker(spec: dict, payload: dict) -> dict:
     channel = Channel(spec["namespace"], timeout=spec["timeout"])
     try:
         with heap_for_blocks():
+            if previous is not None:
+                payload = payload | previous["state"]
             result = CellProgram(spec, payload, channel).run()
             channel.check_sends(wait=True)
         return result
@@ -81,9 +92,15 @@ class CellProgram:
         self.eval_steps = set(spec.get("eval_steps", ()))
         self.X = payload["X"]
         self.y = payload["y"]
+        # validation blocks of the hosted cells (row band of the grid row, column band of the cell), if any
+        self.Xv, self.yv = payload.get("Xv"), payload.get("yv")
+        self.evaluations: dict = {}  # completed steps -> (loss part, correct rows) on the validation set
         if payload.get("born") is not None:
             # the seeded initialisation, computed here: no weight came from the client
             payload = payload | self.layout.born_blocks(self.me, payload["born"], self.dtype)
+        elif payload.get("source") is not None:
+            # a checkpoint read here, block by block, whatever grid or mode wrote it
+            payload = payload | self.layout.stored_blocks(self.me, payload["source"])
         self.W, self.vW = dict(payload["W"]), dict(payload["vW"])
         self.b, self.vb = dict(payload["b"]), dict(payload["vb"])
         workers = self.layout.cell_workers
@@ -179,11 +196,13 @@ class CellProgram:
         self.compute += time.perf_counter() - t0
         return A0, batch_rows
 
-    def forward(self, step: int, A0: dict):
+    def forward(self, step, A0: dict, *, grad: bool = True):
+        """Pre-activations of every layer; with ``grad``, each input is also skewed for its weight gradient."""
         n = self.n_layers
         pre = []
         self.skew(step, "f0", "L", A0, transposed=False)
-        self.skew(step, "gw0", "L", A0, transposed=True)
+        if grad:
+            self.skew(step, "gw0", "L", A0, transposed=True)
         for layer in range(n):
             Z = self.cannon(step, [(f"f{layer}", False, False)])[f"f{layer}"]
             t0 = time.perf_counter()
@@ -195,7 +214,8 @@ class CellProgram:
                 self.compute += time.perf_counter() - t0
                 nxt = layer + 1
                 self.skew(step, f"f{nxt}", "L", A, transposed=False)
-                self.skew(step, f"gw{nxt}", "L", A, transposed=True)
+                if grad:
+                    self.skew(step, f"gw{nxt}", "L", A, transposed=True)
             else:
                 self.compute += time.perf_counter() - t0
         return pre
@@ -205,6 +225,31 @@ class CellProgram:
         if self.loss_name == "cross_entropy":
             return self.y[batch_rows[i]]
         return self.y[j][batch_rows[i]]
+
+    def row_softmax(self, step, logits: dict) -> tuple[dict, dict]:
+        """Each hosted grid row's maximum ``M`` and ``sum(exp(z - M))`` over the whole row of ``logits``.
+
+        Combined from each block's row maximum ``m`` and ``sum(exp(z - m))``, all-gathered along the row.
+        """
+        t0 = time.perf_counter()
+        stats = {}
+        for (i, j), z in logits.items():
+            m = z.max(axis=1, initial=-np.inf)
+            stats[i, j] = np.stack([m, np.exp(z - m[:, None]).sum(axis=1)])
+        self.compute += time.perf_counter() - t0
+        parts = self.share_row(step, "sm", stats)
+        t0 = time.perf_counter()
+        row_max, row_sum = {}, {}
+        for i, pieces in parts.items():
+            M = pieces[0][0].copy()
+            for p in pieces[1:]:
+                np.maximum(M, p[0], out=M)
+            S = np.zeros_like(M)
+            for p in pieces:
+                S += p[1] * np.exp(p[0] - M)
+            row_max[i], row_sum[i] = M, S
+        self.compute += time.perf_counter() - t0
+        return row_max, row_sum
 
     def output_loss(self, step: int, logits: dict, batch_rows: dict):
         """Partial loss of this worker's cells and ``d loss / d logits`` per cell.
@@ -224,22 +269,9 @@ class CellProgram:
                 grads[cell] = diff * scale
             self.compute += time.perf_counter() - t0
             return partial, grads
-        stats = {}
-        for (i, j), z in logits.items():
-            m = z.max(axis=1, initial=-np.inf)
-            stats[i, j] = np.stack([m, np.exp(z - m[:, None]).sum(axis=1)])
         self.compute += time.perf_counter() - t0
-        parts = self.share_row(step, "sm", stats)
+        row_max, row_sum = self.row_softmax(step, logits)
         t0 = time.perf_counter()
-        row_max, row_sum = {}, {}
-        for i, pieces in parts.items():
-            M = pieces[0][0].copy()
-            for p in pieces[1:]:
-                np.maximum(M, p[0], out=M)
-            S = np.zeros_like(M)
-            for p in pieces:
-                S += p[1] * np.exp(p[0] - M)
-            row_max[i], row_sum[i] = M, S
         if self.loss_name == "cross_entropy":
             n_rows = self.layout.batch_size
             for (i, j), z in logits.items():
@@ -341,6 +373,44 @@ class CellProgram:
         self.optimizer.update(param, grad, velocity)
         return param, velocity
 
+    # -- validation ------------------------------------------------------------
+    def evaluate(self, done: int) -> tuple[float, int]:
+        """This worker's share of the validation loss and of the correctly classified rows after ``done`` steps.
+
+        A forward pass by Cannon over the validation rows (each grid row holds a band of them), with the
+        weights held now; the loss part is a sum over the hosted cells, divided by the client.
+        """
+        tag = f"val{done}"
+        compute = self.compute  # the step's compute time stays the training's own
+        for layer in range(self.n_layers):
+            self.skew(tag, f"f{layer}", "R", {cell: self.W[layer, cell] for cell in self.cells}, transposed=False)
+        logits = self.forward(tag, self.Xv, grad=False)[-1]
+        if self.loss_name == "mse" and self.output == "linear":
+            partial = sum(float(np.sum((z - self.yv[cell]) ** 2)) for cell, z in logits.items())
+            self.compute = compute
+            return partial, 0
+        row_max, row_sum = self.row_softmax(tag, logits)
+        if self.loss_name == "mse":  # on softmax outputs
+            partial = 0.0
+            for (i, j), z in logits.items():
+                diff = np.exp(z - row_max[i][:, None]) / row_sum[i][:, None] - self.yv[i, j]
+                partial += float(np.sum(diff * diff))
+            self.compute = compute
+            return partial, 0
+        partial, first = 0.0, {}
+        for (i, j), z in logits.items():
+            labels, (c0, c1) = self.yv[i], self.layout.features[-1][j]
+            inside = (labels >= c0) & (labels < c1)
+            if j == 0:  # each row's log-normaliser counted once
+                partial += float(np.sum(np.log(row_sum[i])))
+            partial -= float(np.sum(z[np.nonzero(inside)[0], labels[inside] - c0] - row_max[i][inside]))
+            first[i, j] = _first_maximum(z, row_max[i], c0, self.layout.sizes[-1])
+        # a row's predicted class: the first column that holds its maximum, as numpy's argmax
+        predicted = {i: np.min(np.stack(parts), axis=0) for i, parts in self.share_row(tag, "am", first).items()}
+        correct = sum(int(np.sum(predicted[i] == self.yv[i])) for i, j in logits if j == 0)
+        self.compute = compute
+        return partial, correct
+
     def announce(self, step: int, partial: float, finite: bool) -> None:
         """Send this worker's (loss part, finite flag) of ``step`` to every worker."""
         message = np.array([partial, 1.0 if finite else 0.0])
@@ -411,8 +481,10 @@ class CellProgram:
             "losses": losses,
             "stats": stats,
             "diverged": diverged,
-            "state": self.owned_state(velocity=True),
+            # every block the cells hold: the next stretch may start from it on this worker
+            "state": {"W": self.W, "vW": self.vW, "b": self.b, "vb": self.vb},
             "snapshots": snapshots,
+            "evaluations": self.evaluations,
         }
 
     def start_step(self, step: int) -> None:
@@ -432,7 +504,9 @@ class CellProgram:
             return step + 1
         losses.append(loss)
         stats.append(step_stats)
-        if step + 1 in self.eval_steps:
+        if step + 1 in self.eval_steps and self.Xv is not None:
+            self.evaluations[step + 1] = self.evaluate(step + 1)
+        elif step + 1 in self.eval_steps:
             snapshots[step + 1] = self.owned_state(velocity=False)
         return None
 
@@ -449,3 +523,55 @@ class CellProgram:
             state["vW"] = dict(self.vW)
             state["vb"] = {(layer, j): self.vb[layer, j] for layer in range(self.n_layers) for j in top}
         return state
+
+
+def _first_maximum(z: np.ndarray, row_max: np.ndarray, c0: int, n_out: int) -> np.ndarray:
+    """Per row, the first column (numbered in the whole row) of block ``z`` that holds the row's maximum;
+    ``n_out`` where none does."""
+    if z.shape[1] == 0:
+        return np.full(z.shape[0], n_out, dtype=np.int64)
+    hit = z == row_max[:, None]
+    return np.where(hit.any(axis=1), c0 + hit.argmax(axis=1), n_out).astype(np.int64)
+
+
+# -- tasks on a finished run's results (which stay in their worker's memory) ---------------------
+def summary(result: dict) -> dict:
+    """A worker's result without its blocks: what the client reads after a run."""
+    return {k: v for k, v in result.items() if k != "state"}
+
+
+def owned_blocks(result: dict, layout: Layout) -> dict:
+    """The blocks of ``result`` that only this worker reports: its cells' weights, and the biases of
+    the columns whose row-0 cell it hosts (every bias block comes back exactly once)."""
+    top = {j for (i, j) in layout.cells_of(result["worker"]) if i == 0}
+    state = result["state"]
+    return {
+        "W": state["W"],
+        "vW": state["vW"],
+        "b": {key: b for key, b in state["b"].items() if key[1] in top},
+        "vb": {key: v for key, v in state["vb"].items() if key[1] in top},
+    }
+
+
+def save_blocks(result: dict, layout: Layout, tmp: str) -> list:
+    """Write this worker's blocks into the open checkpoint store ``tmp``: ``[(array, "i.j", sha256), ...]``."""
+    from daskann.store import write_block
+
+    state, out = owned_blocks(result, layout), []
+
+    def write(array, index, region, block):
+        out.append((array, index, write_block(tmp, array, region, block)))
+
+    for (k, (i, j)), w in state["W"].items():
+        region = (layout.features[k][i], layout.features[k + 1][j])
+        write(f"weights/{k}", f"{i}.{j}", region, w)
+        write(f"velocity/{2 * k}", f"{i}.{j}", region, state["vW"][k, (i, j)])
+    for (k, j), b in state["b"].items():
+        write(f"biases/{k}", str(j), (layout.features[k + 1][j],), b)
+        write(f"velocity/{2 * k + 1}", str(j), (layout.features[k + 1][j],), state["vb"][k, j])
+    return out
+
+
+def block_of(result: dict, name: str, key) -> np.ndarray:
+    """One block of a worker's result (``name`` in ``W``, ``b``, ``vW``, ``vb``)."""
+    return result["state"][name][key]

@@ -13,6 +13,12 @@ the generalised algorithm on a virtual ``lcm(rows, cols)`` square grid.
 The arithmetic is SerialTrainer's, block by block: the same batch order, loss
 scaling and SGD update, so float64 results agree with it to round-off and do
 not depend on the grid.
+
+A stretch starts from blocks its workers compute (the seeded initialisation),
+read from a checkpoint store (any grid or mode), or hold from the stretch
+before; with ``keep=True`` its final state stays in their memory
+(:class:`ResidentState`), from where the workers write checkpoint stores in
+graph mode's format and dask arrays read the blocks.
 """
 
 from __future__ import annotations
@@ -37,9 +43,90 @@ from daskann.npt._exchange import (
     exchange_latency,
 )
 from daskann.npt._resident_layout import Layout
-from daskann.npt._resident_program import run_worker
+from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
+from daskann.npt.grid import split_bounds
 
-__all__ = ["ResidentError", "ResidentResult", "current_workers", "exchange_latency", "train_resident"]
+__all__ = ["ResidentError", "ResidentResult", "ResidentState", "current_workers", "exchange_latency", "train_resident"]
+
+
+@dataclass
+class ResidentState:
+    """The state a resident run left in its workers' memory: one task result per worker of the grid.
+
+    Attributes
+    ----------
+    layout : Layout
+        Where each block lives.
+    futures : dict
+        Worker address -> future of that worker's task result (its cells' blocks).
+    dtype : numpy.dtype
+    """
+
+    layout: Layout
+    futures: dict
+    dtype: np.dtype
+
+    @property
+    def client(self):
+        return next(iter(self.futures.values())).client
+
+    def _each(self, fn, *args, tag: str) -> list:
+        """``fn(result, *args)`` on every worker, where its result lives; the futures in grid order."""
+        name = f"{next(iter(self.futures.values())).key}-{tag}-{uuid.uuid4().hex[:6]}"
+        return [
+            self.client.submit(fn, future, *args, key=f"{name}-{k}", workers=[w], allow_other_workers=False, pure=False)
+            for k, (w, future) in enumerate(self.futures.items())
+        ]
+
+    def gather(self, settings: dict) -> tuple[MLP, list]:
+        """Model and velocity on the client (``settings``: activation, output, negative_slope)."""
+        parts = _gather_on(self.client, self._each(owned_blocks, self.layout, tag="gather"), self.layout)
+        return _gather_state(self.layout, settings, parts, self.dtype, velocity=True)
+
+    def save(self, tmp) -> dict:
+        """Every block written into the open checkpoint store ``tmp`` by its worker: ``{array: {"i.j": sha256}}``."""
+        digests: dict = {}
+        for part in _gather_on(self.client, self._each(save_blocks, self.layout, str(tmp), tag="save"), self.layout):
+            for array, index, digest in part:
+                digests.setdefault(array, {})[index] = digest
+        return digests
+
+    def weights(self) -> list:
+        """One dask array per layer whose chunks are the blocks, read where they live."""
+        layout = self.layout
+        out = []
+        for k in range(layout.n_layers):
+            keys = {(i, j): (k, (i, j)) for i in range(layout.q) for j in range(layout.q)}
+            out.append(self._to_dask(f"W{k}", "W", keys, (layout.features[k], layout.features[k + 1])))
+        return out
+
+    def biases(self) -> list:
+        """One dask array per layer, chunked as the weights' columns."""
+        layout = self.layout
+        return [
+            self._to_dask(f"b{k}", "b", {(j,): (k, j) for j in range(layout.q)}, (layout.features[k + 1],))
+            for k in range(layout.n_layers)
+        ]
+
+    def _to_dask(self, tag: str, name: str, keys: dict, bounds):
+        import dask.array as da
+        from dask.highlevelgraph import HighLevelGraph
+
+        from daskann._compat import Task, TaskRef
+
+        layout = self.layout
+        array = f"{next(iter(self.futures.values())).key}-{tag}-dask-{uuid.uuid4().hex[:6]}"
+        dsk = {}
+        for k, future in enumerate(self.futures.values()):
+            dsk[(f"{array}-source", k)] = future  # keeps the worker's result alive
+        index = {w: k for k, w in enumerate(self.futures)}
+        for chunk, key in keys.items():
+            cell = (0, chunk[0]) if len(chunk) == 1 else chunk
+            source = TaskRef((f"{array}-source", index[layout.cell_workers[cell]]))
+            dsk[(array, *chunk)] = Task((array, *chunk), block_of, source, name, key)
+        graph = HighLevelGraph.from_collections(array, dsk, dependencies=())
+        chunks = tuple(tuple(b - a for a, b in axis) for axis in bounds)
+        return da.Array(graph, array, chunks, dtype=self.dtype)
 
 
 @dataclass
@@ -48,9 +135,9 @@ class ResidentResult:
 
     Attributes
     ----------
-    model : MLP
-        Weights gathered from the grid after the last completed step.
-    velocity : list of ndarray
+    model : MLP or None
+        Weights gathered from the grid after the last completed step (None when they stay there).
+    velocity : list of ndarray or None
         SGD velocity in ``model.params`` order.
     rows : list of dict
         One per completed step: ``loss`` (minibatch loss before the update,
@@ -63,14 +150,21 @@ class ResidentResult:
         1-based step at which loss, gradients or weights became non-finite;
         ``model`` and ``velocity`` then hold the state before that step.
     snapshots : dict
-        ``{completed steps: MLP}`` at the steps ``eval_fn`` asked for.
+        ``{completed steps: MLP}`` at the steps ``eval_fn`` asked for (without ``validation``).
+    evaluations : dict
+        With ``validation``: ``{completed steps: {"val_loss": ..., "val_accuracy": ...}}`` at the steps
+        ``eval_fn`` asked for, evaluated by the cells (``val_accuracy`` with ``"cross_entropy"`` only).
+    state : ResidentState or None
+        With ``keep=True``: the final state (after divergence, the last finite one), on the workers.
     """
 
-    model: MLP
-    velocity: list
+    model: MLP | None
+    velocity: list | None
     rows: list = field(default_factory=list)
     diverged_step: int | None = None
     snapshots: dict = field(default_factory=dict)
+    state: ResidentState | None = None
+    evaluations: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,8 +234,8 @@ def train_resident(
     client,
     grid,
     *,
-    model: MLP,
-    velocity,
+    model: MLP | None = None,
+    velocity=None,
     X,
     y,
     order,
@@ -151,7 +245,12 @@ def train_resident(
     run_id: str,
     timeout: float = 120.0,
     eval_fn=None,
+    validation=None,
     seed: int | None = None,
+    sizes=None,
+    source=None,
+    previous: ResidentState | None = None,
+    keep: bool = False,
 ) -> ResidentResult:
     """Train steps ``start .. stop - 1`` with worker-resident Cannon products.
 
@@ -160,10 +259,11 @@ def train_resident(
     client : distributed.Client
     grid : daskann.npt.grid.ProcessGrid
         Cells may share workers; cells on one worker run in that worker's task.
-    model : MLP
-        Weights after ``start`` steps (not modified).
-    velocity : list of ndarray
-        SGD velocity in ``model.params`` order.
+    model : MLP, optional
+        Weights after ``start`` steps (not modified), sent from the client; or None, with
+        ``seed``, ``source`` or ``previous`` naming the state the workers start from.
+    velocity : list of ndarray, optional
+        SGD velocity in ``model.params`` order (with ``model``).
     X, y : ndarray
         Validated training data (``y`` float 2-d for ``"mse"``, int64 labels
         for ``"cross_entropy"``); only column bands go to each worker.
@@ -180,11 +280,24 @@ def train_resident(
         Seconds any block may take to arrive before the run fails.
     eval_fn : callable, optional
         ``eval_fn(completed_steps) -> bool``; the model at those steps is
-        returned in :attr:`ResidentResult.snapshots`.
+        returned in :attr:`ResidentResult.snapshots`, or with ``validation``
+        evaluated on the grid into :attr:`ResidentResult.evaluations`.
+    validation : (X_val, y_val), optional
+        Validation data (validated as ``X``, ``y``; dask arrays are read on the workers). Each
+        worker gets the blocks of its cells (a band of the rows per grid row, a band of the columns
+        per grid column) and the cells evaluate it by a Cannon forward pass: no weight leaves them.
     seed : int, optional
         ``model`` and ``velocity`` are the seeded initialisation of this seed
         (zero velocity): each worker computes its blocks itself
         (:meth:`Layout.born_blocks`) and none is sent from the client.
+    sizes : tuple of int, optional
+        Layer widths (needed without ``model``).
+    source : path, optional
+        A checkpoint store (of any grid or mode): each worker reads, and verifies, its blocks.
+    previous : ResidentState, optional
+        The state a resident run on the same grid left on its workers, continued there.
+    keep : bool
+        Leave the final state on the workers (:attr:`ResidentResult.state`) instead of gathering it.
 
     Returns
     -------
@@ -197,19 +310,37 @@ def train_resident(
         ``timeout`` seconds, or a cell fails; never hangs.
     """
     timeout, start, stop = _check_stretch(timeout, start, stop, run_id)
-    velocity = _check_velocity(model, velocity)
-    if stop == start:
+    dtype = np.dtype(settings["dtype"]) if model is None else model.dtype
+    sizes = tuple(model.sizes) if model is not None else tuple(int(n) for n in sizes)
+    if model is not None:
+        velocity = _check_velocity(model, velocity)
+    if stop == start and model is not None:
         return ResidentResult(model.copy(), [v.copy() for v in velocity])
-    X, y = _check_data(model, X, y, order, settings["loss"])
-    layout = Layout.build(grid, model.sizes, order.batch_size)
+    if stop == start:
+        return ResidentResult(None, None, state=previous)
+    X, y = _check_data(sizes, dtype, X, y, order, settings["loss"])
+    if validation is not None:
+        validation = _check_validation(sizes, dtype, validation, settings["loss"])
+    layout = Layout.build(grid, sizes, order.batch_size)
+    if previous is not None and previous.layout != layout:
+        raise invalid("previous", "a state on another grid", "the state of a resident run on this grid")
     _check_workers(client, layout)
     ensure_plugin(client)
-    run = ResidentRun.build(run_id, layout, settings, model.dtype, order, start, stop, timeout, eval_fn)
-    payloads = _payloads(layout, model, velocity, X, y, settings["loss"], client=client, namespace=run.namespace)
+    run = ResidentRun.build(run_id, layout, settings, dtype, order, start, stop, timeout, eval_fn)
+    payloads = _payloads(
+        layout, model, velocity, X, y, settings["loss"], client=client, namespace=run.namespace, validation=validation
+    )
     if seed is not None:
         payloads = _born(payloads, seed)
-    results = _run_cells(client, run, payloads)
-    return _assemble(layout, model, results, run.eval_steps, start)
+    elif source is not None:
+        payloads = ((w, payload | {"source": str(source)}) for w, payload in payloads)
+    cells, results = _run_cells(client, run, payloads, previous, keep=keep)
+    result = _assemble(layout, settings, dtype, results, run.eval_steps, start, gather=not keep)
+    if validation is not None:
+        result.evaluations = _evaluations(results, settings["loss"], validation[0].shape[0], sizes[-1])
+    if keep:
+        result.state = ResidentState(layout, dict(zip(layout.workers, cells, strict=True)), dtype)
+    return result
 
 
 # -- set-up --------------------------------------------------------------------
@@ -229,16 +360,29 @@ def _check_velocity(model: MLP, velocity) -> list:
     return velocity
 
 
-def _check_data(model: MLP, X, y, order, loss: str):
+def _check_data(sizes, dtype, X, y, order, loss: str):
     if not is_dask_array(X):  # dask arrays, checked and cast by the trainer, are read on the workers
-        X = np.asarray(X, dtype=model.dtype)
+        X = np.asarray(X, dtype=dtype)
         y = np.asarray(y)
-    if X.shape != (order.n_samples, model.sizes[0]):
-        raise invalid("X", f"shape {X.shape}", f"shape ({order.n_samples}, {model.sizes[0]})")
-    expected = (order.n_samples,) if loss == "cross_entropy" else (order.n_samples, model.sizes[-1])
+    if X.shape != (order.n_samples, sizes[0]):
+        raise invalid("X", f"shape {X.shape}", f"shape ({order.n_samples}, {sizes[0]})")
+    expected = (order.n_samples,) if loss == "cross_entropy" else (order.n_samples, sizes[-1])
     if y.shape != expected:
         raise invalid("y", f"shape {y.shape}", f"shape {expected} for loss={loss!r}")
     return X, y
+
+
+def _check_validation(sizes, dtype, validation, loss: str) -> tuple:
+    Xv, yv = validation
+    if not is_dask_array(Xv):  # as for X: dask arrays come checked and cast by the trainer
+        Xv = np.asarray(Xv, dtype=dtype)
+        yv = np.asarray(yv, dtype=np.int64) if loss == "cross_entropy" else np.asarray(yv, dtype=dtype)
+    if Xv.ndim != 2 or Xv.shape[1] != sizes[0]:
+        raise invalid("validation_data[0]", f"shape {Xv.shape}", f"shape (n_val, {sizes[0]})")
+    expected = (Xv.shape[0],) if loss == "cross_entropy" else (Xv.shape[0], sizes[-1])
+    if yv.shape != expected:
+        raise invalid("validation_data[1]", f"shape {yv.shape}", f"shape {expected} for loss={loss!r}")
+    return Xv, yv
 
 
 def current_workers(client) -> list[str]:
@@ -257,17 +401,20 @@ def _check_workers(client, layout: Layout) -> None:
         raise invalid("grid", f"a grid on {', '.join(missing)}", "a grid whose workers are all in the cluster now")
 
 
-def _payload(layout: Layout, worker: str, model: MLP, velocity, X, y, loss: str, read=None) -> dict:
-    """The blocks and data bands one worker's cells start from (``read`` cuts dask-array data on ``worker``)."""
+def _payload(layout: Layout, worker: str, model: MLP | None, velocity, X, y, loss: str, read=None) -> dict:
+    """The blocks (of ``model``, when the client holds it) and data bands one worker's cells start from
+    (``read`` cuts dask-array data on ``worker``)."""
     cells = layout.cells_of(worker)
     columns = sorted({j for _, j in cells})
     n = layout.n_layers
-    payload = {
-        "W": {(k, c): layout.weight_block(k, c, model.weights[k]) for k in range(n) for c in cells},
-        "vW": {(k, c): layout.weight_block(k, c, velocity[2 * k]) for k in range(n) for c in cells},
-        "b": {(k, j): layout.bias_block(k, j, model.biases[k]) for k in range(n) for j in columns},
-        "vb": {(k, j): layout.bias_block(k, j, velocity[2 * k + 1]) for k in range(n) for j in columns},
-    }
+    payload = {}
+    if model is not None:
+        payload = {
+            "W": {(k, c): layout.weight_block(k, c, model.weights[k]) for k in range(n) for c in cells},
+            "vW": {(k, c): layout.weight_block(k, c, velocity[2 * k]) for k in range(n) for c in cells},
+            "b": {(k, j): layout.bias_block(k, j, model.biases[k]) for k in range(n) for j in columns},
+            "vb": {(k, j): layout.bias_block(k, j, velocity[2 * k + 1]) for k in range(n) for j in columns},
+        }
     if read is not None:
         return {**read(worker, columns), **payload}
     payload["X"] = {j: np.ascontiguousarray(X[:, slice(*layout.features[0][j])]) for j in columns}
@@ -278,7 +425,9 @@ def _payload(layout: Layout, worker: str, model: MLP, velocity, X, y, loss: str,
     return payload
 
 
-def _payloads(layout: Layout, model: MLP, velocity, X, y, loss: str, *, client=None, namespace: str = ""):
+def _payloads(
+    layout: Layout, model: MLP, velocity, X, y, loss: str, *, client=None, namespace: str = "", validation=None
+):
     """``(worker, its payload)`` for every worker of the grid, built one at a time."""
     read = None
     if is_dask_array(X):
@@ -298,8 +447,43 @@ def _payloads(layout: Layout, model: MLP, velocity, X, y, loss: str, *, client=N
                 cut["y"] = {j: band(y, outputs[j], f"y-{j}") for j in columns}
             return cut
 
-    for worker in layout.workers:
-        yield worker, _payload(layout, worker, model, velocity, X, y, loss, read)
+    for k, worker in enumerate(layout.workers):
+        payload = _payload(layout, worker, model, velocity, X, y, loss, read)
+        if validation is not None:
+            cut = _cutter(client, worker, f"{namespace}-read-val", k)
+            payload |= _validation_blocks(layout, worker, validation, loss, cut)
+        yield worker, payload
+
+
+def _validation_blocks(layout: Layout, worker: str, validation, loss: str, cut) -> dict:
+    """``Xv`` and ``yv`` of ``worker``'s cells: grid row ``i`` evaluates band ``i`` of the validation rows.
+
+    ``cut(array, rows, cols, tag)`` reads one block (``cols`` None for labels, which every cell of a grid row
+    needs whole).
+    """
+    Xv, yv = validation
+    rows = split_bounds(Xv.shape[0], layout.q)
+    cells = layout.cells_of(worker)
+    blocks = {"Xv": {(i, j): cut(Xv, rows[i], layout.features[0][j], f"X-{i}-{j}") for i, j in cells}}
+    if loss == "cross_entropy":
+        blocks["yv"] = {i: cut(yv, rows[i], None, f"y-{i}") for i in sorted({i for i, _ in cells})}
+    else:
+        blocks["yv"] = {(i, j): cut(yv, rows[i], layout.features[-1][j], f"y-{i}-{j}") for i, j in cells}
+    return blocks
+
+
+def _cutter(client, worker: str, prefix: str, k: int):
+    """``cut(array, rows, cols, tag)``: a block of numpy data, or of a dask array read on ``worker``."""
+
+    def cut(array, rows, cols, tag):
+        (r0, r1), (c0, c1) = rows, cols if cols is not None else (None, None)
+        if not is_dask_array(array):
+            return np.ascontiguousarray(array[r0:r1] if cols is None else array[r0:r1, c0:c1])
+        if r0 == r1:  # an empty band (fewer validation rows than grid rows) has no chunk to read
+            return np.empty((0,) if cols is None else (0, c1 - c0), dtype=array.dtype)
+        return materialize(client, array, key=f"{prefix}-{tag}-{k}", rows=rows, cols=cols, workers=[worker])
+
+    return cut
 
 
 def _born(payloads, seed: int):
@@ -309,10 +493,15 @@ def _born(payloads, seed: int):
 
 
 # -- running -------------------------------------------------------------------
-def _run_cells(client, run: ResidentRun, payloads) -> list[dict]:
-    """Scatter each worker's blocks, run one task per worker and wait for all; always clean up."""
+def _run_cells(client, run: ResidentRun, payloads, previous: ResidentState | None, *, keep: bool):
+    """Scatter each worker's blocks, run one task per worker and wait for all; always clean up.
+
+    Returns the tasks' futures and their results (without blocks when ``keep``: those stay on the
+    workers, under the futures).
+    """
     data: dict = {}
     futures: list = []
+    kept = False
     try:
         _scatter(client, run, payloads, into=data)
         spec = run.spec()
@@ -321,6 +510,7 @@ def _run_cells(client, run: ResidentRun, payloads) -> list[dict]:
                 run_worker,
                 spec,
                 data[worker],
+                None if previous is None else previous.futures[worker],
                 key=f"{run.namespace}-cells-{k}",
                 workers=[worker],
                 allow_other_workers=False,
@@ -328,9 +518,19 @@ def _run_cells(client, run: ResidentRun, payloads) -> list[dict]:
             )
             for k, worker in enumerate(run.layout.workers)
         ]
-        return _wait(client, futures, run.layout, run.run_id)
+        _wait(client, futures, run.layout, run.run_id)
+        if not keep:
+            return futures, client.gather(futures)
+        summaries = [
+            client.submit(summary, f, key=f"{run.namespace}-summary-{k}", workers=[w], pure=False)
+            for k, (w, f) in enumerate(zip(run.layout.workers, futures, strict=True))
+        ]
+        results = _gather_on(client, summaries, run.layout)
+        kept = True
+        return futures, results
     finally:
-        _clean_up(client, run, futures + list(data.values()))
+        # cancelling a task cancels what depends on it: the kept results' inputs are only let go
+        _clean_up(client, run, [] if kept else futures + list(data.values()))
 
 
 def _scatter(client, run: ResidentRun, payloads, *, into: dict) -> None:
@@ -354,9 +554,10 @@ def _scatter(client, run: ResidentRun, payloads, *, into: dict) -> None:
 def _holds_futures(payload: dict) -> bool:
     from distributed import Future
 
-    values = [payload["y"], *payload["X"].values()]
-    if isinstance(payload["y"], dict):
-        values += list(payload["y"].values())
+    values = [payload["y"], *payload["X"].values(), *payload.get("Xv", {}).values()]
+    for name in ("y", "yv"):
+        if isinstance(payload.get(name), dict):
+            values += list(payload[name].values())
     return any(isinstance(v, Future) for v in values)
 
 
@@ -378,7 +579,7 @@ def _clean_up(client, run: ResidentRun, futures: list) -> None:
 
 
 # -- waiting -------------------------------------------------------------------
-def _wait(client, futures, layout: Layout, run_id: str) -> list[dict]:
+def _wait(client, futures, layout: Layout, run_id: str) -> None:
     """Wait for every worker's task; fail fast and clearly, never hang."""
     wake = threading.Event()
     for future in futures:
@@ -387,7 +588,7 @@ def _wait(client, futures, layout: Layout, run_id: str) -> list[dict]:
         wake.clear()
         status = [f.status for f in futures]
         if all(s == "finished" for s in status):
-            return client.gather(futures)
+            return
         failed = any(s in ("error", "cancelled", "lost") for s in status)
         alive = set(current_workers(client))
         gone = [w for w in layout.workers if w not in alive]
@@ -396,6 +597,25 @@ def _wait(client, futures, layout: Layout, run_id: str) -> list[dict]:
             raise ResidentError(f"resident run {run_id} failed: {described} left the cluster during training")
         if failed:
             raise _failure(futures, layout, run_id)
+        wake.wait(config.seconds("npt.poll-interval"))
+
+
+def _gather_on(client, futures, layout: Layout) -> list:
+    """The values of tasks pinned to the grid's workers; a task's own error as it is.
+
+    Never hangs on a pinned task whose worker is gone: that raises :class:`ResidentError`.
+    """
+    wake = threading.Event()
+    for future in futures:
+        future.add_done_callback(lambda _: wake.set())
+    while True:
+        wake.clear()
+        if all(f.done() for f in futures):
+            return client.gather(futures)
+        alive = set(current_workers(client))
+        gone = [w for w in layout.workers if w not in alive]
+        if gone:
+            raise ResidentError(f"worker(s) {', '.join(gone)} left the cluster while their blocks were read")
         wake.wait(config.seconds("npt.poll-interval"))
 
 
@@ -445,8 +665,9 @@ def _cells(layout: Layout, worker: str) -> str:
 
 
 # -- results -------------------------------------------------------------------
-def _assemble(layout: Layout, model: MLP, results: list[dict], eval_steps, start: int) -> ResidentResult:
-    dtype = model.dtype
+def _assemble(
+    layout: Layout, settings: dict, dtype, results: list[dict], eval_steps, start: int, *, gather: bool
+) -> ResidentResult:
     n_steps = len(results[0]["losses"])
     rows = []
     for t in range(n_steps):
@@ -462,16 +683,30 @@ def _assemble(layout: Layout, model: MLP, results: list[dict], eval_steps, start
             }
         )
     diverged = results[0]["diverged"]
-    final = _gather_state(layout, model, [r["state"] for r in results], dtype, velocity=True)
-    trained, velocity = final
+    trained = velocity = None
+    if gather:
+        trained, velocity = _gather_state(layout, settings, [r["state"] for r in results], dtype, velocity=True)
     snapshots = {}
     for done in eval_steps:
-        if done <= start + n_steps:
-            snapshots[done] = _gather_state(layout, model, [r["snapshots"][done] for r in results], dtype)[0]
+        if done <= start + n_steps and done in results[0]["snapshots"]:  # none when the cells evaluated
+            snapshots[done] = _gather_state(layout, settings, [r["snapshots"][done] for r in results], dtype)[0]
     return ResidentResult(trained, velocity, rows, diverged, snapshots)
 
 
-def _gather_state(layout: Layout, model: MLP, states, dtype, *, velocity: bool = False):
+def _evaluations(results: list[dict], loss: str, n_val: int, n_out: int) -> dict:
+    """``{completed steps: {"val_loss": ..., "val_accuracy": ...}}`` from every worker's parts, summed in grid order."""
+    out = {}
+    for done in sorted(results[0]["evaluations"]):
+        total = sum(r["evaluations"][done][0] for r in results)
+        if loss == "cross_entropy":
+            correct = sum(r["evaluations"][done][1] for r in results)
+            out[done] = {"val_loss": total / n_val, "val_accuracy": correct / n_val}
+        else:
+            out[done] = {"val_loss": total / (n_val * n_out)}
+    return out
+
+
+def _gather_state(layout: Layout, settings: dict, states, dtype, *, velocity: bool = False):
     n = layout.n_layers
     parts = {name: [dict() for _ in range(n)] for name in ("W", "b", "vW", "vb")}
     for state in states:
@@ -481,7 +716,11 @@ def _gather_state(layout: Layout, model: MLP, states, dtype, *, velocity: bool =
     weights = [layout.assemble_weight(k, parts["W"][k], dtype) for k in range(n)]
     biases = [layout.assemble_bias(k, parts["b"][k], dtype) for k in range(n)]
     net = MLP.from_arrays(
-        weights, biases, activation=model.activation, output=model.output, negative_slope=model.negative_slope
+        weights,
+        biases,
+        activation=settings["activation"],
+        output=settings["output"],
+        negative_slope=settings["negative_slope"],
     )
     if not velocity:
         return net, None

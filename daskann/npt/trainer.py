@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -80,14 +80,15 @@ class NPTTrainer(BaseTrainer):
     Attributes
     ----------
     model_ : MLP
-        The trained network (numpy), read when first touched: graph mode
-        leaves the final state on the grid and, with ``checkpoint_dir``, in
-        the last checkpoint its cells wrote; ``predict``, ``predict_proba``
+        The trained network (numpy), read when first touched: both modes
+        leave the final state on the grid and, with ``checkpoint_dir``, in
+        the last checkpoint its cells wrote (after divergence, the last
+        finite state); ``predict``, ``predict_proba``
         and ``score`` run on the grid while the client does not hold it.
     weights_, biases_ : list of dask.array.Array
-        The trained weights and biases chunked on the grid, read from their
-        cells (graph mode on a cluster that is still running; otherwise
-        numpy arrays of ``model_``).
+        The trained weights and biases chunked on the grid (resident mode:
+        on its virtual Cannon grid), read from their cells while the cluster
+        runs; otherwise numpy arrays of ``model_``.
     velocity_ : list of ndarray
         SGD velocity per parameter (``model_.params`` order).
     history_ : xarray.Dataset
@@ -218,6 +219,7 @@ class NPTTrainer(BaseTrainer):
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
         ckpt = self._resume_info(resume, settings, data, order) if resume is not None else None
+        from daskann import store
         from daskann.cluster import current_client, resolve_client
 
         with resolve_client(self.client) as client, current_client(client), self._run_lock():
@@ -245,6 +247,8 @@ class NPTTrainer(BaseTrainer):
             self._setup_grid(client, npt, self._sizes, settings)
             self._check_block_memory(client, settings)
             source = None if ckpt is None else ckpt.path
+            if source is not None and store.is_block_store(source):
+                self._verify_store(client, source)
             self._run(client, model, velocity, done, total, history, born=born, source=source)
         return self
 
@@ -255,10 +259,39 @@ class NPTTrainer(BaseTrainer):
         info = store.checkpoint_info(resume)
         if not store.is_block_store(info.path):
             # written by one process, so small enough to verify here, before any task; the blocks of a
-            # store written by the cells are verified by the tasks that read them
+            # store written by the cells are verified on the workers, in one pass before training
             store.read_array_group(info.path, kind="checkpoint")
         self._check_resume(resume, info, settings, data, order)
         return info
+
+    def _verify_store(self, client, path) -> None:
+        """Check every block of the cell-written store ``path`` on the grid's workers, before any training task.
+
+        One task per worker reads its share of the blocks, one at a time; a damaged block raises
+        :class:`~daskann.exceptions.DamagedStoreError` naming the store, the array and the block.
+        """
+        from daskann import store
+
+        workers = list(dict.fromkeys(self.grid_.workers))
+        blocks = store.stored_blocks(path)
+        prefix = f"daskann-npt-{uuid.uuid4().hex[:12]}-verify"
+        # spread over the grid's workers; any other may take over a share whose worker left
+        futures = [
+            client.submit(
+                _verify_blocks,
+                str(path),
+                blocks[k :: len(workers)],
+                key=f"{prefix}-{k}",
+                workers=[w],
+                allow_other_workers=True,
+                pure=False,
+            )
+            for k, w in enumerate(workers)
+        ]
+        try:
+            client.gather(futures)
+        finally:
+            client.cancel(futures)
 
     def _check_block_memory(self, client, settings) -> None:
         """Refuse a grid whose blocks cannot fit a worker, before any training task.
@@ -282,7 +315,12 @@ class NPTTrainer(BaseTrainer):
         )
 
     def partial_fit(self, X=None, y=None, *, steps=1):
-        """Continue training for ``steps`` more steps on the same grid (same data when X, y are None)."""
+        """Continue training for ``steps`` more steps on the same grid (same data when X, y are None).
+
+        The cells continue from the last store they wrote or, in resident mode, from the state in their
+        memory; the client loads no block. Without ``checkpoint_dir``, a resident run that loses a grid
+        worker during ``partial_fit`` loses that state and fails.
+        """
         if not self.__sklearn_is_fitted__():
             if X is None:
                 raise RuntimeError("partial_fit needs X and y on its first call")
@@ -293,7 +331,8 @@ class NPTTrainer(BaseTrainer):
         steps = check_int("steps", steps)
         settings = self._settings
         if X is not None:
-            self._data = self._check_data(X, y, self._data.validation, settings, model=self.model_)
+            # checked against the net's sizes: the model stays where it is (on the grid, or in its store)
+            self._data = self._check_data(X, y, self._data.validation, settings, model=_sized(self._sizes))
             self.batch_order_ = self._batch_order(settings, self._data.n_samples)
         history = HistoryRecorder("step")
         history.extend_from(self.history_)
@@ -301,12 +340,28 @@ class NPTTrainer(BaseTrainer):
             from daskann.npt.grid import live_workers
 
             alive = live_workers(client)
+            previous = self._live_grid_state()
             if not set(self.grid_.workers) <= set(alive):
                 self.grid_ = ProcessGrid.from_workers(self.grid_.shape, alive, share_workers=True)
-            # continue from the last store the cells wrote, when the client does not hold the model
+                previous = None
+            # continue from the last store the cells wrote, when the client does not hold the model, or
+            # from the state the cells hold (graph mode: only without a store, whose blocks are read one
+            # by one, so the cells never hold two states of a big net)
             source = self.__dict__.get("_final_store") if self.__dict__.get("_model") is None else None
-            model, velocity = (None, None) if source is not None else (self.model_, self.velocity_)
-            self._run(client, model, velocity, self.n_steps_, self.n_steps_ + steps, history, source=source)
+            if self.mode_ == "graph" and source is not None:
+                previous = None
+            held = source is None and previous is None
+            model, velocity = (self.model_, self.velocity_) if held else (None, None)
+            self._run(
+                client,
+                model,
+                velocity,
+                self.n_steps_,
+                self.n_steps_ + steps,
+                history,
+                source=source,
+                previous=previous,
+            )
         return self
 
     @property
@@ -354,6 +409,8 @@ class NPTTrainer(BaseTrainer):
 
         from daskann.npt.graph_mode import GraphEngine
 
+        if _is_resident(state):
+            return state.gather(self._settings)
         client = next(iter(state.futures.values())).client
         engine = GraphEngine(client, self.grid_, sizes=self._sizes, settings=self._settings, prefix="gather")
         like = SimpleNamespace(**{k: self._settings[k] for k in ("activation", "output", "negative_slope")})
@@ -396,13 +453,16 @@ class NPTTrainer(BaseTrainer):
     def weights_(self) -> list:
         """Trained weight matrices as dask arrays whose chunks are the grid's blocks, where they live.
 
-        Built from the final state's block futures (graph mode): nothing moves until computed (on the
-        trainer's client, e.g. ``client.compute(w)``). After resident mode, a diverged run, or once the
-        embedded cluster of ``client=None`` is closed, numpy arrays of :attr:`model_`.
+        Built from the final state's block futures (in resident mode, chunked on the virtual Cannon
+        grid's blocks): nothing moves until computed (on the trainer's client, e.g.
+        ``client.compute(w)``). Once the embedded cluster of ``client=None`` is closed, numpy arrays
+        of :attr:`model_`.
         """
         state = self._live_grid_state()
         if state is None:
             return super().weights_
+        if _is_resident(state):
+            return state.weights()
         return [mat.to_dask() for mat in state.weights]
 
     @property
@@ -411,6 +471,8 @@ class NPTTrainer(BaseTrainer):
         state = self._live_grid_state()
         if state is None:
             return super().biases_
+        if _is_resident(state):
+            return state.biases()
         return [_bias_to_dask(line, state.futures, np.dtype(self._settings["dtype"])) for line in state.biases]
 
     def __getstate__(self):
@@ -486,8 +548,10 @@ class NPTTrainer(BaseTrainer):
         *,
         born: int | None = None,
         source=None,
+        previous=None,
     ) -> None:
-        """Train from ``model`` and ``velocity``, or (both None) the store ``source`` or the seed ``born``."""
+        """Train from ``model`` and ``velocity``, or (both None) the store ``source``, the seed ``born`` or
+        the state ``previous`` the cells hold."""
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
@@ -512,15 +576,16 @@ class NPTTrainer(BaseTrainer):
             seed=born,
         )
         self._grid_state = self._final_store = None
-        if model is None and self.mode_ != "graph":
-            model, velocity = self._client_state(source)  # resident mode starts from the client
         self.model_, self.velocity_ = model, velocity
         diverged = None
         try:
             if self.mode_ == "graph":
-                diverged = self._run_graph(client, model, velocity, stretch, history, bar, source=source)
+                diverged = self._run_graph(
+                    client, model, velocity, stretch, history, bar, source=source, previous=previous
+                )
             else:
-                diverged = self._run_resident(client, model, velocity, stretch, history, bar)
+                start_from = _Start(model, velocity, source=source, previous=previous)
+                diverged = self._run_resident(client, start_from, stretch, history, bar)
         finally:
             bar.close()
             self.n_steps_ = history.last_coord(default=start)
@@ -539,19 +604,12 @@ class NPTTrainer(BaseTrainer):
         if diverged is not None:
             raise TrainingDiverged(*diverged)
 
-    def _client_state(self, source):
-        """Model and velocity on the client: read from the store ``source``, or the seeded initialisation."""
-        from daskann import store
-
-        if source is not None:
-            ckpt = store.load_checkpoint(source)
-            return ckpt.model, ckpt.velocity
-        settings = self._settings
-        model = self._initial_model(settings, self._sizes[0], self._sizes[-1], None)
-        return model, SGD.init_state(model.params)
-
     def _block_checkpoint_fn(self, stop: int):
-        """Graph mode's ``on_checkpoint``: a store whose blocks the cells write, committed here."""
+        """``save(step, layout, write) -> path``: a store whose blocks the cells write, committed here.
+
+        One format for both modes (graph mode cuts it on the grid, resident mode on its virtual Cannon
+        grid): either resumes the other's checkpoints, on any grid.
+        """
         from daskann import store
 
         settings, order = self._settings, self.batch_order_
@@ -573,22 +631,7 @@ class NPTTrainer(BaseTrainer):
 
         return save
 
-    def _checkpoint_fn(self):
-        settings, order = self._settings, self.batch_order_
-
-        def save(step, model, velocity):
-            self._save_checkpoint(
-                model,
-                velocity,
-                step,
-                order,
-                settings,
-                extra={"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_},
-            )
-
-        return save
-
-    def _run_graph(self, client, model, velocity, stretch: _Stretch, history, bar, *, source=None):
+    def _run_graph(self, client, model, velocity, stretch: _Stretch, history, bar, *, source=None, previous=None):
         from daskann.npt._graph_run import GraphRun, train_graph
 
         data = self._data
@@ -610,7 +653,9 @@ class NPTTrainer(BaseTrainer):
             seed=stretch.seed,
             sizes=tuple(self._sizes),
         )
-        result = train_graph(client, self.grid_, run, model=model, velocity=velocity, start=stretch.start, path=source)
+        result = train_graph(
+            client, self.grid_, run, model=model, velocity=velocity, start=stretch.start, path=source, state=previous
+        )
         for done in sorted(result.rows):
             history.append(done, **result.rows[done])
         # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
@@ -632,30 +677,43 @@ class NPTTrainer(BaseTrainer):
             return _CHAINS[self._npt["pipeline"]]
         return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
 
-    def _run_resident(self, client, model, velocity, stretch: _Stretch, history, bar):
+    def _run_resident(self, client, start_from: _Start, stretch: _Stretch, history, bar):
+        """Resident stretches between checkpoints; the state stays on the cells, which also write the stores."""
         t0 = time.perf_counter() - stretch.offset
-        save = self._checkpoint_fn()
+        save = self._block_checkpoint_fn(stretch.stop)
         current, attempts = stretch.start, 0
         for seg_stop in sorted(stretch.ckpt_steps | {stretch.stop}):
             if seg_stop <= current:
                 continue
-            result, seg_t0, attempts = self._resident_segment(
-                client, model, velocity, current, seg_stop, stretch, attempts
+            writes = save if seg_stop in stretch.ckpt_steps else None
+            result, path, seg_t0, attempts = self._resident_segment(
+                client, start_from, current, seg_stop, stretch, attempts, save=writes
             )
             self._record_resident(result, current, seg_t0 - t0, time.perf_counter() - seg_t0, history, bar)
-            model, velocity = result.model, result.velocity
-            self.model_, self.velocity_ = model, velocity
+            self._grid_state, self.model_, self.velocity_ = result.state, None, None
             if result.diverged_step is not None:
+                # the cells rolled back to the last finite state: model_ reads it when touched
+                self._keep_if_closing()
                 return result.diverged_step, "the loss, its gradients or the weights"
             current = seg_stop
-            if seg_stop in stretch.ckpt_steps:
-                save(seg_stop, model, velocity)
+            # the next stretch continues from the cells' memory, or after a lost worker, from the store
+            start_from = _Start(source=path, previous=result.state)
+        self._keep_if_closing()
         return None
 
-    def _resident_segment(self, client, model, velocity, start: int, stop: int, stretch: _Stretch, attempts: int):
+    def _keep_if_closing(self) -> None:
+        """Gather a final state held on the grid alone while its cluster runs, if that cluster closes after fit."""
+        if self._final_store is None and self.client is None and self._live_grid_state() is not None:
+            self.model_, self.velocity_ = self._gather_grid(self._grid_state)
+
+    def _resident_segment(
+        self, client, start_from: _Start, start: int, stop: int, stretch: _Stretch, attempts: int, *, save=None
+    ):
         """Steps ``start .. stop - 1`` in resident mode, restarted on the workers there are if a grid worker left.
 
-        Returns the result, when its (successful) try began, and the tries of the stretch so far.
+        With ``save`` (see :meth:`_block_checkpoint_fn`), the cells then write the checkpoint of step ``stop``.
+        Returns the result, the checkpoint's path (or None), when the (successful) try began, and the tries
+        of the stretch so far.
         """
         from daskann.npt._graph_run import _regrid
         from daskann.npt.grid import live_workers
@@ -669,8 +727,12 @@ class NPTTrainer(BaseTrainer):
                 result = train_resident(
                     client,
                     self.grid_,
-                    model=model,
-                    velocity=velocity,
+                    model=start_from.model,
+                    velocity=start_from.velocity,
+                    sizes=self._sizes,
+                    source=start_from.source if start_from.previous is None else None,
+                    previous=start_from.previous,
+                    keep=True,
                     X=data.X,
                     y=data.y,
                     order=self.batch_order_,
@@ -680,9 +742,14 @@ class NPTTrainer(BaseTrainer):
                     run_id=f"{stretch.run_id}-r{attempts}",
                     timeout=self._npt["timeout"],
                     eval_fn=(lambda d: d in stretch.eval_steps) if stretch.eval_steps else None,
-                    seed=stretch.seed if start == 0 else None,
+                    validation=data.validation,
+                    seed=stretch.seed if start == 0 and start_from.model is None else None,
                 )
-                return result, seg_t0, attempts
+                path = None
+                if save is not None and result.diverged_step is None:
+                    state = result.state
+                    path = save(stop, state.layout.store_layout(state.dtype), state.save)
+                return result, path, seg_t0, attempts
             except ResidentError as exc:
                 alive = set(live_workers(client))
                 if set(self.grid_.workers) <= alive:
@@ -697,13 +764,13 @@ class NPTTrainer(BaseTrainer):
                 restarts += 1
                 self.recoveries_ += 1
                 self.grid_ = _regrid(client, self.grid_, self._npt["timeout"])
+                start_from = start_from.after_regrid(exc)
 
     def _record_resident(self, result, start: int, clock: float, elapsed: float, history, bar) -> None:
         """History rows of a resident segment that began ``clock`` seconds into the run and took ``elapsed``.
 
         The segment's wall time is shared out over its steps in proportion to each step's compute and comm time.
         """
-        settings, data = self._settings, self._data
         busy = sum(r["compute_time"] + r["comm_time"] for r in result.rows) or 1.0
         for k, row in enumerate(result.rows):
             done = start + k + 1
@@ -715,10 +782,37 @@ class NPTTrainer(BaseTrainer):
                 "comm_time": row["comm_time"],
                 "bytes_moved": float(row["bytes_moved"]),
             }
-            if done in result.snapshots:
-                values.update(self._evaluate(result.snapshots[done], data.validation, settings["loss"]))
+            # evaluated by the cells: neither the model nor the validation data came to the client
+            values.update(result.evaluations.get(done, {}))
             history.append(done, **values)
             bar.update(done, loss=row["loss"])
+
+
+@dataclass(frozen=True)
+class _Start:
+    """The state a resident stretch starts from, in order of preference.
+
+    ``previous``: the state the cells hold (a :class:`daskann.npt.resident.ResidentState`); ``source``:
+    a checkpoint store they read; ``model`` and ``velocity``: held by the client. With none, the
+    seeded initialisation, computed on the cells.
+    """
+
+    model: MLP | None = None
+    velocity: list | None = None
+    source: object = None
+    previous: object = None
+
+    def after_regrid(self, cause: Exception) -> _Start:
+        """Where a restart on a new grid begins: the cells' memory is gone with the worker that left."""
+        if self.previous is None:
+            return self
+        if self.source is None:
+            from daskann.npt.resident import ResidentError
+
+            raise ResidentError(
+                f"resident training lost a grid worker and, with it, state no checkpoint holds ({cause})"
+            ) from cause
+        return replace(self, previous=None)
 
 
 @dataclass(frozen=True)
@@ -732,6 +826,26 @@ class _Stretch:
     ckpt_steps: frozenset  # step counts after which a checkpoint is saved
     offset: float = 0.0  # seconds already on the history's clock
     seed: int | None = None  # the state at step 0 is this seed's initialisation, computed on the cells
+
+
+def _is_resident(state) -> bool:
+    """Whether a live final state is a resident run's (:class:`daskann.npt.resident.ResidentState`)."""
+    return hasattr(state, "layout")
+
+
+def _sized(sizes) -> MLP:
+    """An MLP that carries only ``sizes``, all the data checks read: no weight is made or loaded."""
+    net = MLP.__new__(MLP)
+    net.sizes = tuple(sizes)
+    return net
+
+
+def _verify_blocks(path: str, blocks) -> None:
+    """Task body of :meth:`NPTTrainer._verify_store`: check ``blocks`` (``(array, "i.j")``) of one store."""
+    from daskann.store import verify_block
+
+    for name, index in blocks:
+        verify_block(path, name, index)
 
 
 def _bias_to_dask(blocks, futures: dict, dtype):

@@ -17,9 +17,11 @@ GEMMs: activations, gradients, the weight update and its checks),
 (seconds to set up and finish one trainer's ``fit``), ``store_overhead``
 (seconds of one zarr chunk read or written), ``mgrit_task_overhead``
 (seconds of one MGRIT task beyond its training steps, timed in a short MGRIT
-solve on the live cluster; 0 builds it from the other numbers) and
+solve on the live cluster; 0 builds it from the other numbers),
 ``partition_overhead`` (seconds of a partitioned run beyond its training:
-scattering the data, collecting and merging the sub-models).
+scattering the data, collecting and merging the sub-models) and
+``resident_step_overhead`` (an NPT resident-mode step's bookkeeping, timed in
+short resident fits on the live cluster; 0 takes ``step_overhead``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ OPTIONAL = (
     "store_overhead",
     "mgrit_task_overhead",
     "partition_overhead",
+    "resident_step_overhead",
 )
 #: keys that may be zero (an MPI-like runtime has no task overhead)
 ZERO_ALLOWED = ("task_overhead", *OPTIONAL)
@@ -86,6 +89,11 @@ class ClusterSpec:
     partition_overhead : float
         Seconds of a partitioned run beyond its tasks and its training steps:
         the data scattered to the workers, the sub-models collected and merged.
+    resident_step_overhead : float
+        Seconds of an NPT resident-mode step beyond its products, its
+        exchanges and the work per layer and per number: the cell program's
+        loop (batch rows, the loss and finite-flag agreement, its history
+        row). 0 takes ``step_overhead`` (a :class:`SerialTrainer` step's).
     name : str
         Where the numbers come from (a file, a profile, a live cluster).
     """
@@ -103,6 +111,7 @@ class ClusterSpec:
     store_overhead: float = 0.0
     mgrit_task_overhead: float = 0.0
     partition_overhead: float = 0.0
+    resident_step_overhead: float = 0.0
     name: str = "cluster"
 
     def to_dict(self) -> dict:
@@ -318,21 +327,26 @@ def _pilot_net(net, steps: int, cluster: ClusterSpec, *, runs: float, budget: fl
     return net, X.astype(settings["dtype"]), y.astype(settings["dtype"]), settings
 
 
-def _mgrit_task_cost(client, cluster: ClusterSpec, net=None, *, steps: int = 64, iterations: int = 4) -> float:
+def _mgrit_task_cost(
+    client, cluster: ClusterSpec, net=None, *, steps: int = 64, iterations: int = 4, config: dict | None = None
+) -> float:
     """Seconds of one MGRIT task beyond its steps, from a short solve on the live cluster.
 
     The solve trains ``net``'s layers (a tiny net without one), so its tasks
-    read, write and return states of the size the user's run moves. The later
-    iterations' median time is matched by the work model's schedule of the
-    same graphs on the cluster's workers: the per-task cost at which they
-    agree includes what no-op tasks miss (the trajectory store's reads and
-    writes, the tasks' real arguments and results, the graph's scheduling).
+    read, write and return states of the size the user's run moves, at
+    ``config`` (preset, levels, cfactor; ``solver2`` on 2 levels coarsened
+    by 4 without it). The later iterations' median time is matched by the
+    work model's schedule of the same graphs on the cluster's workers: the
+    per-task cost at which they agree includes what no-op tasks miss (the
+    trajectory store's reads and writes, the tasks' real arguments and
+    results, the graph's scheduling).
     """
     from daskann.mgrit import MGRITTrainer
     from daskann.plan._model import mgrit_iteration_seconds
 
     net, X, y, settings = _pilot_net(net, steps, cluster, runs=3 * iterations)  # about three sweeps an iteration
-    config = {"preset": "solver2", "levels": 2, "cfactor": 4}
+    config = config or {"preset": "solver2", "levels": 2, "cfactor": 4}
+    config = {k: config[k] for k in ("preset", "levels", "cfactor")}
     trainer = MGRITTrainer(
         net.sizes[1:-1], **settings, **config, max_iter=iterations, tol=1e-300, require_convergence=False, client=client
     )
@@ -355,6 +369,26 @@ def _mgrit_task_cost(client, cluster: ClusterSpec, net=None, *, steps: int = 64,
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if later(mid) < measured else (lo, mid)
     return 0.5 * (lo + hi)
+
+
+def calibrate_mgrit(client, cluster: ClusterSpec, net, configs: list[dict], *, most_steps: int = 256) -> list[dict]:
+    """``configs`` with each one's own MGRIT task cost (``task_overhead_s``), from a short solve at it.
+
+    A preset's graphs differ (F- or FCF-relaxation, the tasks' sizes), and
+    so does what a task costs beyond its steps: each configuration is timed
+    on its own graphs, at the run's steps (at most ``most_steps``), rather
+    than at the one ``cluster.mgrit_task_overhead`` was measured at.
+    """
+    steps = min(net.steps, most_steps)
+    out = []
+    for config in configs:
+        levels, cfactor = config["levels"], config["cfactor"]
+        if steps // cfactor ** (levels - 1) < 2:
+            out.append(dict(config))
+            continue
+        cost = _mgrit_task_cost(client, cluster, net, steps=steps, config=config)
+        out.append({**config, "task_overhead_s": cost})
+    return out
 
 
 def _partition_overhead(client, cluster: ClusterSpec, net=None, *, steps: int = 8, repeats: int = 3) -> float:
@@ -380,6 +414,26 @@ def _partition_overhead(client, cluster: ClusterSpec, net=None, *, steps: int = 
     tiny = 1e-12
     work = partition_seconds(net, replace(cluster, partition_overhead=tiny), p, 2, 0.5) - tiny
     return max(float(np.median(spent)) - work, 1e-9)
+
+
+def _resident_step_cost(client, cluster: ClusterSpec, net=None, *, steps: int = 200, repeats: int = 3) -> float:
+    """Seconds of an NPT resident-mode step's bookkeeping, from short resident fits on the live cluster.
+
+    ``net``'s layers (a tiny net where its steps are slow) train on a 1x1
+    grid for ``steps`` and ``3 * steps`` steps (:func:`npt_step_walls`, the
+    measure ``--validate`` compares with); what a step costs beyond the
+    model's products and its work per layer and per number is the cell
+    program's loop, not a :class:`SerialTrainer` step's bookkeeping.
+    """
+    from daskann.plan._model import npt_step_seconds
+    from daskann.plan._runs import npt_step_walls
+
+    net, X, y, settings = _pilot_net(net, steps, cluster, runs=4 * repeats)
+    config = {"grid": "1x1", "mode": "resident"}
+    measured = npt_step_walls(client, net.sizes[1:-1], X, y, settings, steps, config, repeats=repeats)
+    tiny = 1e-12  # the model's step without bookkeeping: a negligible one stands in for the one measured here
+    modelled = npt_step_seconds(net, replace(cluster, resident_step_overhead=tiny), 1, (1, 1), "resident") - tiny
+    return max(measured - modelled, 1e-9)
 
 
 def _store_cost(repeats: int = 20) -> float:
@@ -415,8 +469,9 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> Cl
     a training step's costs beyond its GEMMs; a chain of dependent tiny tasks alternating
     between two workers gives the per-message latency; a few MB moved between
     them the bandwidth; a batch of no-op tasks the scheduler's cost per task;
-    a short MGRIT solve the cost of a real MGRIT task, and short partitioned
-    runs what a partitioned run costs beyond its training.
+    a short MGRIT solve the cost of a real MGRIT task, short partitioned
+    runs what a partitioned run costs beyond its training, and short NPT
+    fits on a 1x1 grid in resident mode the cell program's cost per step.
 
     Parameters
     ----------
@@ -469,6 +524,7 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> Cl
         cluster,
         mgrit_task_overhead=_mgrit_task_cost(client, cluster, net),
         partition_overhead=_partition_overhead(client, cluster, net),
+        resident_step_overhead=_resident_step_cost(client, cluster, net),
     )
 
 

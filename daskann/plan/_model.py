@@ -9,7 +9,8 @@ Every prediction is built from the same few numbers (:class:`ClusterSpec`):
   reference of every speedup;
 * NPT: the grid cost model of :mod:`daskann.npt.costmodel` fed with the
   cluster's numbers, over every grid that fits ``p`` workers, in graph and
-  resident mode, plus the step's non-GEMM work;
+  resident mode (resident alone on an MPI-like runtime), plus the step's
+  non-GEMM work and its bookkeeping (the resident program's where measured);
 * MGRIT: the solver's own task graphs (:class:`daskann.mgrit._plan.Planner`)
   with each task's work in seconds plus its measured cost as a task (or its
   task overhead, one message and its store reads and writes) and the bytes of
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from daskann.mgrit import workmodel
 from daskann.mgrit._levels import check_hierarchy
@@ -150,20 +151,41 @@ def npt_cost_model(cluster: ClusterSpec, n_workers: int) -> CostModel:
     )
 
 
-def predict_npt(net: Network, cluster: ClusterSpec, p: int) -> Prediction:
-    """The fastest grid and mode on ``p`` workers (grids of at most ``p`` cells)."""
+def npt_step_seconds(net: Network, cluster: ClusterSpec, p: int, shape, mode: str) -> float:
+    """Seconds of one NPT step on a ``rows x cols`` grid over ``p`` workers in ``mode``.
+
+    The grid cost model's products, messages and tasks, plus the step's
+    non-GEMM work: its layers' and its numbers' share on the busiest worker,
+    and the bookkeeping of a step (the resident cell program's where it was
+    measured, else a trainer's).
+    """
     model = npt_cost_model(cluster, p)
+    t = model.predict(net.sizes, net.batch_size, shape, mode=mode, itemsize=net.itemsize, n_workers=p)
+    elements = step_elements(net.sizes, net.batch_size) * cluster.element_time / min(shape[0] * shape[1], p)
+    bookkeeping = cluster.step_overhead
+    if mode == "resident" and cluster.resident_step_overhead > 0:
+        bookkeeping = cluster.resident_step_overhead
+    return t + net.n_layers * cluster.layer_overhead + elements + bookkeeping
+
+
+def predict_npt(net: Network, cluster: ClusterSpec, p: int, *, square: bool = False) -> Prediction:
+    """The fastest grid and mode on ``p`` workers (grids of at most ``p`` cells).
+
+    On an MPI-like runtime (``task_overhead`` 0) NPT is the message-passing
+    program of resident mode: graph mode's task graph has no counterpart
+    there (its model would count the hops of a step's dependent tasks but no
+    message per block shift). ``square=True`` keeps to ``q x q`` grids, the
+    shape of a plain Cannon. The time is the steps' alone: a fit's set-up
+    (the grid's placement, the data's and weights' distribution) is not
+    counted, as ``--validate`` measures it (the difference of a long and a
+    short run).
+    """
     serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
-    best = None
-    for shape in candidate_grids(p):
-        for mode in ("graph", "resident"):
-            t = model.predict(net.sizes, net.batch_size, shape, mode=mode, itemsize=net.itemsize, n_workers=p)
-            if best is None or t < best[0]:
-                best = (t, shape, mode)
-    t, (rows, cols), mode = best
-    # the step's non-GEMM work: its layers' and its numbers' share on the busiest worker, and the trainer's bookkeeping
-    elements = step_elements(net.sizes, net.batch_size) * cluster.element_time / min(rows * cols, p)
-    per_step = t + net.n_layers * cluster.layer_overhead + elements + cluster.step_overhead
+    modes = ("resident",) if cluster.task_overhead == 0 else ("graph", "resident")
+    shapes = [s for s in candidate_grids(p) if s[0] == s[1] or not square]
+    per_step, (rows, cols), mode = min(
+        (npt_step_seconds(net, cluster, p, shape, mode), shape, mode) for shape in shapes for mode in modes
+    )
     return _row("npt", net, p, per_step * net.steps, serial, {"grid": f"{rows}x{cols}", "mode": mode})
 
 
@@ -283,14 +305,21 @@ def _mgrit_task_seconds(cluster: ClusterSpec, n_deps: int, state_bytes: float) -
 
 
 def predict_mgrit(net: Network, cluster: ClusterSpec, p: int, configs: list[dict]) -> Prediction | None:
-    """The fastest of ``configs`` (each with its ``iterations``) on ``p`` workers."""
+    """The fastest of ``configs`` (each with its ``iterations``) on ``p`` workers.
+
+    A configuration's own measured task cost (``task_overhead_s``, timed on
+    its graphs) replaces the cluster's ``mgrit_task_overhead``.
+    """
     serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
     best = None
     for config in configs:
         iterations = config.get("iterations")
         if iterations is None:
             continue
-        first, later = mgrit_iteration_seconds(net, cluster, p, config)
+        own = cluster
+        if "task_overhead_s" in config:
+            own = replace(cluster, mgrit_task_overhead=config["task_overhead_s"])
+        first, later = mgrit_iteration_seconds(net, own, p, config)
         seconds = first + (iterations - 1) * later
         if best is None or seconds < best[0]:
             best = (seconds, config)

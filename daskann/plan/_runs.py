@@ -105,10 +105,19 @@ def validate(client, net: Network, hidden, X, y, settings: dict, cluster: Cluste
 
 
 def _run_npt(client, hidden, X, y, settings, steps, config, *, repeats: int = 3) -> float:
+    return steps * npt_step_walls(client, hidden, X, y, settings, steps, config, repeats=repeats)
+
+
+def npt_step_walls(client, hidden, X, y, settings, steps: int, config, *, repeats: int = 3) -> float:
+    """Seconds of one NPT step at ``config`` (grid and mode), its fit's set-up left out.
+
+    Half the difference of a run of ``3 * steps`` and one of ``steps``,
+    divided by ``steps``: the set-up both pay (the grid placed, data and
+    weights sent, the result gathered) cancels. Each is the median of a few
+    runs, short and long in turn, so that a busy spell hits both alike.
+    """
     from daskann.npt import NPTTrainer
 
-    # half the difference of a run of 3 * steps and one of steps: the set-up both pay cancels;
-    # each the median of a few runs, short and long in turn, so that a busy spell hits both alike
     runs = {steps: [], 3 * steps: []}
     for _ in range(repeats):
         for n, wall in runs.items():
@@ -118,8 +127,8 @@ def _run_npt(client, hidden, X, y, settings, steps, config, *, repeats: int = 3)
             wall.append(time.perf_counter() - t0)
     walls = [float(np.median(wall)) for wall in runs.values()]
     if walls[1] <= walls[0]:  # other load swamped the difference: the longer run's share, set-up included
-        return float(walls[1] / 3)
-    return float((walls[1] - walls[0]) / 2)
+        return walls[1] / (3 * steps)
+    return (walls[1] - walls[0]) / (2 * steps)
 
 
 def _run_mgrit(client, hidden, X, y, settings, steps, config) -> float:

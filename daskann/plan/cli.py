@@ -71,10 +71,10 @@ def plan_command(ctx, **opts):
     net, hidden, X, y, train = _problem(opts, settings)
     if opts["validate"]:
         return _validate(opts, net, hidden, X, y, train, methods)
-    cluster = _cluster(opts, net)
+    configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
+    cluster, configs = _cluster(opts, net, configs)
     from daskann.plan._model import plan
 
-    configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
     result = plan(net, cluster, methods=methods, mgrit_configs_=configs, finetune_fraction=settings["finetune"])
     if opts["plot"] is not None and result["predictions"]:
         from daskann.plan._report import plot_speedup
@@ -174,18 +174,20 @@ def _problem(opts: dict, settings: dict):
     return net, hidden, X, y, train
 
 
-def _cluster(opts: dict, net=None):
-    from daskann.plan._cluster import load_cluster, measure_cluster, profile_cluster
+def _cluster(opts: dict, net=None, configs=()):
+    """The cluster to predict for, and the MGRIT ``configs`` with their task costs where it is the live one."""
+    from daskann.plan._cluster import calibrate_mgrit, load_cluster, measure_cluster, profile_cluster
 
     if opts["cluster_file"] is not None:
-        return load_cluster(opts["cluster_file"])
+        return load_cluster(opts["cluster_file"]), list(configs)
     if opts["profile"] is not None and opts["address"] is None:
-        return profile_cluster(opts["profile"])
+        return profile_cluster(opts["profile"]), list(configs)
     from daskann.cluster import close
 
     client = connect(opts, quiet=True)
     try:
-        return measure_cluster(client, net=net)  # pilots of the net planned for
+        cluster = measure_cluster(client, net=net)  # pilots of the net planned for
+        return cluster, calibrate_mgrit(client, cluster, net, list(configs))
     finally:
         close(client)
 
@@ -217,7 +219,7 @@ def _validate(opts: dict, net, hidden, X, y, train, methods) -> None:
     import os
 
     from daskann.cluster import close
-    from daskann.plan._cluster import measure_cluster
+    from daskann.plan._cluster import calibrate_mgrit, measure_cluster
     from daskann.plan._report import format_validation
     from daskann.plan._runs import validate
 
@@ -225,6 +227,7 @@ def _validate(opts: dict, net, hidden, X, y, train, methods) -> None:
     try:
         cluster = measure_cluster(client, net=net)
         configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
+        configs = calibrate_mgrit(client, cluster, net, configs)
         rows = validate(client, net, hidden, X, y, train, cluster, configs, methods=methods)
     finally:
         close(client)
