@@ -6,6 +6,7 @@ not depend on where they run or on the number of workers.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import uuid
@@ -225,10 +226,9 @@ class DaskExecutor:
 
     def close(self) -> None:
         if self.name == "distributed":
-            try:
-                self.scheduler.cancel([self._context])
-            except Exception:  # the cluster may already be gone
-                pass
+            # released, not cancelled: cancelling a scattered key trips an assertion in the scheduler
+            with contextlib.suppress(Exception):  # the cluster may already be gone
+                self._context.release()
             self._context = None
 
 
