@@ -20,6 +20,7 @@ from distributed import Client
 from daskann import config
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
+from daskann.exceptions import DaskannError
 from daskann.mgrit._kernels import release_kept
 from daskann.mgrit._plan import owner
 
@@ -31,7 +32,7 @@ PLACEMENT_POLL = 1.0
 MAX_PLACEMENTS = 50
 
 
-class _WorkersLeft(Exception):
+class _WorkersLeft(DaskannError):
     """A worker the tasks of an iteration were placed on left the cluster."""
 
 
