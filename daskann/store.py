@@ -299,9 +299,7 @@ def read_region(path, name: str, region) -> np.ndarray:
         overlap = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(block, region, strict=True)]
         if any(lo >= hi for lo, hi in overlap):
             continue
-        values = _read(path, name, z, tuple(slice(a, b) for a, b in block))
-        if array_digest(values) != expected["blocks"].get(index):
-            raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} does not match its checksum")
+        values = _verified_block(path, name, z, index, block, expected)
         src = tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(overlap, block, strict=True))
         dst = tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(overlap, region, strict=True))
         out[dst] = values[src]
@@ -322,13 +320,19 @@ def verify_block(path, name: str, index: str) -> None:
     path = Path(path)
     group = zarr.open_group(str(path), mode="r")
     expected = group.attrs["daskann"]["manifest"][name]
-    region = dict(_block_regions(expected["bounds"]))[index]
+    block = dict(_block_regions(expected["bounds"]))[index]
+    _verified_block(path, name, group[name], index, block, expected)
+
+
+def _verified_block(path: Path, name: str, z, index: str, block, expected: dict) -> np.ndarray:
+    """Block ``index`` (rows and columns ``block``) of array ``z``, checked against its manifest entry."""
     try:
-        values = np.asarray(group[name][tuple(slice(a, b) for a, b in region)])
+        values = np.asarray(z[tuple(slice(a, b) for a, b in block)])
     except Exception as exc:  # a torn chunk or a failed CRC32C
         raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} cannot be read ({exc})") from exc
     if array_digest(values) != expected["blocks"].get(index):
         raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} does not match its checksum")
+    return values
 
 
 @dataclass
