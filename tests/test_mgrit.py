@@ -312,6 +312,22 @@ def test_converged_training_equals_serial_on_every_scheduler(momentum, train_dat
     assert first.result_.executor == "distributed" and runs["threads"].result_.executor == "threads"
 
 
+def test_inprocess_solve_gives_the_cluster_bits_under_a_threaded_blas(client2):
+    """A wide input layer, whose product a multi-threaded OpenBLAS blocks differently from a single-threaded one:
+    the in-process solve in a process with two BLAS threads gives the bits of the cluster (one BLAS thread a worker)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((256, 784)), rng.integers(0, 3, 256)
+    common = dict(lr=1e-3, batch_size=64, seed=0, levels=2, cfactor=4, loss="cross_entropy")
+    with threadpool_limits(2, user_api="blas"):
+        local = MGRITTrainer((64,), **common, scheduler="inprocess").fit(X, y, steps=16)
+    cluster = MGRITTrainer((64,), **common, client=client2).fit(X, y, steps=16)
+    assert cluster.result_.executor == "distributed"
+    assert local.result_.residuals == cluster.result_.residuals
+    assert all(np.array_equal(a, b) for a, b in zip(local.model_.params, cluster.model_.params, strict=True))
+
+
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_relative_stopping_preset_still_equals_serial(momentum, train_data):
     """solver4 (solver2's cycles, also stopping at a 1e-9 relative residual reduction): same acceptance setting,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from daskann._blas import one_blas_thread
 from daskann.exceptions import MGRITDiverged, TrainingDiverged
 from daskann.mgrit import workmodel
 from daskann.mgrit._run import SERIES, IterationRecord, series
@@ -195,7 +196,7 @@ def finish_serially(prop, layout, start: int, vector: np.ndarray, n_steps: int, 
         Serial training itself became non-finite (the training step named).
     """
     state = tuple(np.array(a) for a in layout.unpack(np.array(vector)))
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), one_blas_thread():  # as SerialTrainer and the workers compute it
         for i in range(start, n_steps):
             state = prop.fine_step(state, i)
             if not all(np.all(np.isfinite(a)) for a in state):

@@ -1,7 +1,8 @@
 """Running one iteration's tasks: in this process, on dask's local schedulers, or on a cluster.
 
 Every executor runs the same task functions on the same inputs, so results do
-not depend on where they run or on the number of workers.
+not depend on where they run or on the number of workers. Tasks run in this
+process with one BLAS thread, as in every worker (see :mod:`daskann._blas`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import Client
 
 from daskann import config
+from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
 from daskann.exceptions import DaskannError
@@ -49,9 +51,10 @@ class InProcessExecutor:
 
     def run(self, tasks) -> dict:
         results = {}
-        for task in tasks:
-            deps = [results[d] for d in task.deps]
-            results[task.key] = task.func(task.spec, self.store, self.context, *deps)
+        with one_blas_thread():
+            for task in tasks:
+                deps = [results[d] for d in task.deps]
+                results[task.key] = task.func(task.spec, self.store, self.context, *deps)
         return results
 
     def close(self) -> None:
@@ -122,10 +125,11 @@ class DaskExecutor:
         else:
             graph = _graph(tasks, self.store, self._context)
             wanted = [_summary_key(k) for k in keys]
-            if self.name == "threads":
-                values = dask.threaded.get(graph, wanted, num_workers=self.num_workers)
-            else:
-                values = dask.get(graph, wanted)
+            with one_blas_thread():
+                if self.name == "threads":
+                    values = dask.threaded.get(graph, wanted, num_workers=self.num_workers)
+                else:
+                    values = dask.get(graph, wanted)
         return dict(zip(keys, values, strict=True))
 
     def measure(self, prefix: str, rounds: int = 4) -> dict:

@@ -44,6 +44,7 @@ import threading
 
 import numpy as np
 
+from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.data import BatchOrder
@@ -179,7 +180,8 @@ class SGDPropagator(Propagator):
         if auto and is_dask_array(X):  # measured on a worker, where the data is read
             self.alpha_cap = remote_call(_auto_alpha_cap_on, self.without_data(), self.initial_state(model), X, y)
         elif auto:
-            self.alpha_cap = auto_alpha_cap(self, self.initial_state(model))
+            with one_blas_thread():  # the bits a worker would compute
+                self.alpha_cap = auto_alpha_cap(self, self.initial_state(model))
             if self.alpha_cap == math.inf:
                 self.alpha_cap = None
 
