@@ -81,13 +81,14 @@ def dense_forward(X, W, b=None):
     return Z
 
 
-def dense_backward(dZ, X, W):
+def dense_backward(dZ, X, W, *, input_grad=True):
     """Gradients of a dense layer (or block) ``Z = X @ W + b``.
 
-    Returns ``(dX, dW, db)``; ``dX`` is ``dZ @ W.T``, ``dW`` is ``X.T @ dZ`` and
-    ``db`` the column sums of ``dZ``.
+    Returns ``(dX, dW, db)``; ``dX`` is ``dZ @ W.T`` (``None`` without
+    ``input_grad``: the first layer's would be a whole product thrown away),
+    ``dW`` is ``X.T @ dZ`` and ``db`` the column sums of ``dZ``.
     """
-    return dZ @ W.T, X.T @ dZ, dZ.sum(axis=0)
+    return (dZ @ W.T if input_grad else None), X.T @ dZ, dZ.sum(axis=0)
 
 
 def mse_loss(output, target):

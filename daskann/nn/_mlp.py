@@ -204,7 +204,9 @@ class MLP:
         grad_b = [None] * self.n_layers
         dZ = d_logits
         for layer in range(self.n_layers - 1, -1, -1):
-            dA, grad_w[layer], grad_b[layer] = dense_backward(dZ, inputs[layer], self.weights[layer])
+            dA, grad_w[layer], grad_b[layer] = dense_backward(
+                dZ, inputs[layer], self.weights[layer], input_grad=layer > 0
+            )
             if layer > 0:
                 dZ = activation_backward(dA, pre[layer - 1], self.activation, self.negative_slope)
         return grad_w, (grad_b if self.bias else [])
