@@ -328,7 +328,12 @@ def test_measure_writes_a_file_cluster_reads(client2, tmp_path):
     assert out.exit_code == 0 and len(json.loads(out.output)["predictions"]) == 2
 
 
-def test_validate_on_two_workers(client2):
+def test_validate_on_two_workers(client2, monkeypatch):
+    from daskann.plan import _runs
+
+    # two rounds of runs predicted to last 0.1 s keep the test short; the command's defaults are 5 and 1 s
+    monkeypatch.setattr(_runs, "VALIDATION_ROUNDS", 2)
+    monkeypatch.setattr(_runs, "VALIDATION_SECONDS", 0.1)
     address = client2.scheduler.address
     args = ["--validate", "--method", "all", "--address", address, "--hidden", "16,16", "--n-features", "8"]
     out = CliRunner().invoke(plan_command, [*args, "--n-outputs", "2", "--steps", "32", "--json"])
@@ -340,6 +345,30 @@ def test_validate_on_two_workers(client2):
     for r in rows:
         assert set(r) == {"method", "workers", "predicted_s", "measured_s"} and r["workers"] == 2
         assert r["predicted_s"] > 0 and r["measured_s"] > 0
+    # the validated runs last long enough to time: the steps grow until the prediction reaches 0.1 s
+    assert max(r["predicted_s"] for r in rows) > 0.05
+
+
+def test_validated_steps_grow_until_a_run_lasts_long_enough():
+    from daskann.plan._runs import _at_steps, _Check, _long_enough, _predict
+
+    npt = _Check("npt", NET, predict_npt(NET, SYNTHETIC, 2).config)
+    longer = _long_enough(npt, SYNTHETIC, 2, 0.25, seconds=0.1)
+    # NPT's time is linear in its steps: scaled once, exactly far enough
+    assert _predict(npt, SYNTHETIC, 2, 0.25) < 0.01
+    assert longer.net.steps == math.ceil(NET.steps * 0.1 / _predict(npt, SYNTHETIC, 2, 0.25))
+    assert _predict(longer, SYNTHETIC, 2, 0.25) >= 0.1 and longer.config == npt.config
+    # prediction and measurement count the same steps: partition's phases split the validated ones
+    part = _long_enough(_Check("partition", NET, predict_partition(NET, SYNTHETIC, 2).config), SYNTHETIC, 2, 0.25, 0.1)
+    assert part.config["sub_steps"] + part.config["finetune_steps"] == part.net.steps > NET.steps
+    assert _predict(part, SYNTHETIC, 2, 0.25) >= 0.1
+    # MGRIT's steps double and its iterations grow from its pilot's, as the plan grows them
+    config = {"preset": "solver2", "levels": 2, "cfactor": 4, "iterations": 3}
+    config.update(pilot_iterations=3, pilot_steps=100)
+    mgrit = _at_steps(_Check("mgrit", NET, config), 400, 0.25)
+    assert mgrit.config["iterations"] == 5 and mgrit.net.steps == 400
+    # a run never grows past 64 times the planned steps
+    assert _long_enough(npt, SYNTHETIC, 2, 0.25, seconds=1e9).net.steps == 64 * NET.steps
 
 
 def test_mgrit_task_cost_calibrated_per_configuration(client2):

@@ -220,26 +220,39 @@ def _gemm_rate(n: int = 256, seconds: float = 0.1) -> float:
     return 2.0 * n**3 * count / (time.perf_counter() - t0)
 
 
-def _small_costs(repeats: int = 300) -> tuple[float, float]:
-    """Seconds of a tiny GEMM call and of one tiny layer's non-GEMM work in a training step."""
+def _small_costs(repeats: int = 300, blocks: int = 7) -> tuple[float, float]:
+    """Seconds of a tiny GEMM call and of one tiny layer's non-GEMM work in a training step.
+
+    Each is the median of ``blocks`` timed blocks of calls: a block lasts
+    milliseconds, so that one time slice lost to other work on the machine
+    would multiply a single one.
+    """
     from daskann.nn import MLP, SGD
 
     rng = np.random.default_rng(0)
     s = rng.standard_normal((8, 8))
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        s @ s
-    gemm = (time.perf_counter() - t0) / repeats
+
+    def gemms() -> float:
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            s @ s
+        return (time.perf_counter() - t0) / repeats
+
+    gemm = float(np.median([gemms() for _ in range(blocks)]))
     sizes = (8, 8, 8, 8, 8)
     model = MLP(sizes, seed=0)
     opt = SGD(0.01, 0.9)
     X, y = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
     state = opt.init_state(model.params)
-    t0 = time.perf_counter()
-    for _ in range(repeats // 3):
-        _, grad_w, grad_b = model.loss_and_gradients(X, y, "mse")
-        opt.step(model.params, model.interleave(grad_w, grad_b), state)
-    step = (time.perf_counter() - t0) / (repeats // 3)
+
+    def steps() -> float:
+        t0 = time.perf_counter()
+        for _ in range(repeats // 3):
+            _, grad_w, grad_b = model.loss_and_gradients(X, y, "mse")
+            opt.step(model.params, model.interleave(grad_w, grad_b), state)
+        return (time.perf_counter() - t0) / (repeats // 3)
+
+    step = float(np.median([steps() for _ in range(blocks)]))
     n_products = 3 * (len(sizes) - 1)  # the first layer's input gradient is computed too
     return gemm, max(step - n_products * gemm, 0.0) / (len(sizes) - 1)
 
@@ -272,9 +285,9 @@ def _trainer_costs(
             return time.perf_counter() - t0
 
         fit(1)  # imports and caches
-        # the fastest of a few: other work on the machine only ever adds to a sample
-        short = min(fit(1) for _ in range(repeats))
-        long = min(fit(1 + steps) for _ in range(repeats))
+        # the median of a few, short and long in turn: the runs predicted share the machine with its other work
+        walls = np.median([(fit(1), fit(1 + steps)) for _ in range(repeats)], axis=0)
+        short, long = float(walls[0]), float(walls[1])
         return short, max(long - short, 0.0) / steps
 
     tiny_sizes = (8,) * len(sizes)
@@ -416,23 +429,31 @@ def _partition_overhead(client, cluster: ClusterSpec, net=None, *, steps: int = 
     return max(float(np.median(spent)) - work, 1e-9)
 
 
-def _resident_step_cost(client, cluster: ClusterSpec, net=None, *, steps: int = 200, repeats: int = 3) -> float:
+def _resident_step_cost(
+    client, cluster: ClusterSpec, net=None, *, steps: int = 200, repeats: int = 3, seconds: float = 0.2
+) -> float:
     """Seconds of an NPT resident-mode step's bookkeeping, from short resident fits on the live cluster.
 
     ``net``'s layers (a tiny net where its steps are slow) train on a 1x1
-    grid for ``steps`` and ``3 * steps`` steps (:func:`npt_step_walls`, the
-    measure ``--validate`` compares with); what a step costs beyond the
-    model's products and its work per layer and per number is the cell
-    program's loop, not a :class:`SerialTrainer` step's bookkeeping.
+    grid for ``steps`` steps, or as many as take about ``seconds`` (up to 20
+    times more: a fit's set-up, which varies with other load, would swamp
+    fewer), and three times as many (:func:`npt_step_walls`, the measure
+    ``--validate`` compares with); what a step costs beyond the model's
+    products and its work per layer and per number is the cell program's
+    loop, not a :class:`SerialTrainer` step's bookkeeping.
     """
     from daskann.plan._model import npt_step_seconds
     from daskann.plan._runs import npt_step_walls
 
-    net, X, y, settings = _pilot_net(net, steps, cluster, runs=4 * repeats)
-    config = {"grid": "1x1", "mode": "resident"}
-    measured = npt_step_walls(client, net.sizes[1:-1], X, y, settings, steps, config, repeats=repeats)
+    # the planned net where ``steps`` of its steps fit in ``seconds``: a tiny net's bookkeeping leaves out what
+    # the planned net's layers cost beyond the model's
+    net, X, y, settings = _pilot_net(net, steps, cluster, runs=4 * repeats, budget=4 * repeats * seconds)
     tiny = 1e-12  # the model's step without bookkeeping: a negligible one stands in for the one measured here
     modelled = npt_step_seconds(net, replace(cluster, resident_step_overhead=tiny), 1, (1, 1), "resident") - tiny
+    # a trainer's bookkeeping stands in for the cell program's in the estimate of a step's time
+    steps = min(max(steps, int(seconds / (modelled + cluster.step_overhead))), 20 * steps)
+    config = {"grid": "1x1", "mode": "resident"}
+    measured = npt_step_walls(client, net.sizes[1:-1], X, y, settings, steps, config, repeats=repeats)
     return max(measured - modelled, 1e-9)
 
 
@@ -488,11 +509,7 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> Cl
         raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
     rates = [v for _ in range(3) for v in client.run(_gemm_rate, workers=names).values()]
     flop_rate = float(np.max(rates))  # the machine's rate: other load on it only ever lowers a sample
-    # like the GEMMs, on every worker at once (workers sharing cores share them), the median worker's
-    gemm, layer = np.median(list(client.run(_small_costs, workers=names).values()), axis=0)
-    shape = _calibration_net(net, flop_rate, gemm, layer)
-    trainer = client.run(_trainer_costs, flop_rate, gemm, layer, *shape, workers=names)
-    step_overhead, element_time, fit_overhead = np.median(list(trainer.values()), axis=0)
+    per_step = step_costs(client, flop_rate, net)
     store = float(next(iter(client.run(_store_cost, workers=names[:1]).values())))
     prefix = f"daskann-plan-measure-{uuid.uuid4().hex[:8]}"
     client.gather(client.map(_noop, range(8), key=[f"{prefix}-warm-{k}" for k in range(8)], pure=False))
@@ -512,11 +529,7 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> Cl
         latency=latency,
         bandwidth=bandwidth,
         task_overhead=task_overhead,
-        gemm_overhead=float(gemm),
-        layer_overhead=float(layer),
-        element_time=float(element_time),
-        step_overhead=float(step_overhead),
-        fit_overhead=float(fit_overhead),
+        **per_step,
         store_overhead=store,
         name=f"measured on {count} workers",
     )
@@ -526,6 +539,31 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> Cl
         partition_overhead=_partition_overhead(client, cluster, net),
         resident_step_overhead=_resident_step_cost(client, cluster, net),
     )
+
+
+def step_costs(client, flop_rate: float, net=None) -> dict:
+    """A training step's costs beyond its GEMM flops, timed on every worker at once (the median worker's).
+
+    Workers sharing cores share them, as in the GEMMs' rate: tiny GEMMs and
+    layers (:func:`_small_costs`), then :class:`SerialTrainer` fits of a
+    tiny net and of ``net`` (64 wide where its steps are slow) for a step's
+    bookkeeping, its cost per number touched and a fit's set-up
+    (:func:`_trainer_costs`). Returns the :class:`ClusterSpec` fields
+    ``gemm_overhead``, ``layer_overhead``, ``element_time``,
+    ``step_overhead`` and ``fit_overhead``.
+    """
+    names = sorted(client.scheduler_info()["workers"])
+    gemm, layer = np.median(list(client.run(_small_costs, workers=names).values()), axis=0)
+    shape = _calibration_net(net, flop_rate, gemm, layer)
+    trainer = client.run(_trainer_costs, flop_rate, gemm, layer, *shape, workers=names)
+    step_overhead, element_time, fit_overhead = np.median(list(trainer.values()), axis=0)
+    return {
+        "gemm_overhead": float(gemm),
+        "layer_overhead": float(layer),
+        "element_time": float(element_time),
+        "step_overhead": float(step_overhead),
+        "fit_overhead": float(fit_overhead),
+    }
 
 
 def _links(client, names, prefix: str, hops: int = 16, nbytes: int = 16 * 2**20) -> tuple[float, float]:

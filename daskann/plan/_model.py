@@ -386,9 +386,13 @@ def predict_partition(
         return None
     serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
     seconds, k = min((partition_seconds(net, cluster, p, k, finetune_fraction), k) for k in ks)
+    return _row("partition", net, p, seconds, serial, partition_config(net, k, finetune_fraction))
+
+
+def partition_config(net: Network, k: int, finetune_fraction: float = FINETUNE_FRACTION) -> dict:
+    """``k`` and the steps :func:`partition_seconds` splits ``net.steps`` into: sub-models' and fine-tuning's."""
     finetune = max(1, round(finetune_fraction * net.steps))
-    config = {"k": k, "sub_steps": max(net.steps - finetune, 1), "finetune_steps": finetune}
-    return _row("partition", net, p, seconds, serial, config)
+    return {"k": k, "sub_steps": max(net.steps - finetune, 1), "finetune_steps": finetune}
 
 
 # -- all methods ------------------------------------------------------------------------------

@@ -28,13 +28,14 @@ def format_plan(plan: dict) -> str:
 
 
 def format_validation(rows: list[dict]) -> str:
-    """Predicted against measured seconds, and how far apart."""
-    lines = [f"{'method':>9} {'workers':>7} {'predicted s':>12} {'measured s':>11} {'off':>7}  configuration"]
+    """Predicted against measured seconds of the steps validated, and how far apart."""
+    head = f"{'method':>9} {'workers':>7} {'steps':>6} {'predicted s':>12} {'measured s':>11} {'off':>7}"
+    lines = [f"{head}  configuration"]
     for r in rows:
         off = r["predicted_s"] / r["measured_s"] - 1 if r["measured_s"] else math.nan
         lines.append(
-            f"{r['method']:>9} {r['workers']:>7} {r['predicted_s']:>12.4g} {r['measured_s']:>11.4g} "
-            f"{off:>+7.0%}  {_config_text(r.get('config', {}))}"
+            f"{r['method']:>9} {r['workers']:>7} {r.get('steps', ''):>6} {r['predicted_s']:>12.4g} "
+            f"{r['measured_s']:>11.4g} {off:>+7.0%}  {_config_text(r.get('config', {}))}"
         )
     return "\n".join(lines)
 

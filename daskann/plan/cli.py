@@ -70,7 +70,7 @@ def plan_command(ctx, **opts):
             return None
     net, hidden, X, y, train = _problem(opts, settings)
     if opts["validate"]:
-        return _validate(opts, net, hidden, X, y, train, methods)
+        return _validate(opts, net, hidden, X, y, train, methods, settings["finetune"])
     configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
     cluster, configs = _cluster(opts, net, configs)
     from daskann.plan._model import plan
@@ -215,20 +215,17 @@ def _mgrit_configs(opts: dict, net, hidden, X, y, train) -> list[dict]:
     return pilot_configs(hidden, X, y, train, net.steps)
 
 
-def _validate(opts: dict, net, hidden, X, y, train, methods) -> None:
+def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) -> None:
     import os
 
     from daskann.cluster import close
-    from daskann.plan._cluster import calibrate_mgrit, measure_cluster
     from daskann.plan._report import format_validation
     from daskann.plan._runs import validate
 
+    configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
     client = connect(opts, quiet=True)
     try:
-        cluster = measure_cluster(client, net=net)
-        configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
-        configs = calibrate_mgrit(client, cluster, net, configs)
-        rows = validate(client, net, hidden, X, y, train, cluster, configs, methods=methods)
+        rows, cluster = validate(client, net, hidden, X, y, train, configs, methods=methods, finetune_fraction=finetune)
     finally:
         close(client)
     if opts["as_json"]:
