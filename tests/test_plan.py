@@ -345,8 +345,6 @@ def test_validate_on_two_workers(client2, monkeypatch):
     for r in rows:
         assert set(r) == {"method", "workers", "predicted_s", "measured_s"} and r["workers"] == 2
         assert r["predicted_s"] > 0 and r["measured_s"] > 0
-    # the validated runs last long enough to time: the steps grow until the prediction reaches 0.1 s
-    assert max(r["predicted_s"] for r in rows) > 0.05
 
 
 def test_validated_steps_grow_until_a_run_lasts_long_enough():
