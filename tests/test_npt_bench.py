@@ -114,3 +114,24 @@ def test_bench_reports_the_bound_and_set_up_per_row(client2, tmp_path):
     assert saved["hardware"]["cores"] == hardware["cores"] and "hw_efficiency" in saved["table"][0]
     columns = store.load_history(paths["zarr"])
     assert {"hw_efficiency", "setup_s", "probe_s", "time_per_step"} <= set(columns.data_vars)
+
+
+def _row(net, grid, mode, seconds, cells=1):
+    return {"net": net, "grid": grid, "mode": mode, "time_per_step": seconds, "cells": cells}
+
+
+def test_auto_check_judges_the_pick_not_two_timings_of_it():
+    table = [
+        _row("n", "-", "serial", 1.0e-3),
+        _row("n", "1x1", "resident", 0.8e-3),
+        _row("n", "2x2", "resident", 0.9e-3, cells=4),
+        _row("n", "1x1", "auto-resident", 1.0e-3),  # the same configuration, timed 25% slower
+    ]
+    got = bench._check_auto(table, {}, "n", {"grid": "1x1", "mode": "resident"})
+    assert got["picked_best"] and got["within_10pct"] and got["no_grid_pays"] is False
+    # another grid than the best: judged by its time
+    table[-1] = _row("n", "2x2", "auto-resident", 1.0e-3, cells=4)
+    got = bench._check_auto(table, {}, "n", {"grid": "2x2", "mode": "resident"})
+    assert not got["picked_best"] and not got["within_10pct"]
+    table[-1] = _row("n", "2x2", "auto-resident", 0.85e-3, cells=4)
+    assert bench._check_auto(table, {}, "n", {"grid": "2x2", "mode": "resident"})["within_10pct"]

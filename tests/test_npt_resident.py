@@ -85,6 +85,35 @@ def test_2x2_equals_serial(client4, regression, classification, loss, activation
     assert not [ns for names in left.values() for ns in names if ns.startswith(run_id)], left
 
 
+@pytest.mark.parametrize(
+    "loss,activation,output",
+    [("mse", "relu", "linear"), ("cross_entropy", "leaky_relu", "linear"), ("mse", "leaky_relu", "softmax")],
+)
+def test_1x1_steps_exactly_as_serial(client4, regression, classification, loss, activation, output):
+    """One cell steps with the numeric core itself: weights, velocities and losses are serial's, bit for bit."""
+    X, y = regression if loss == "mse" else classification
+    grid = ProcessGrid.from_client(client4, "1x1")
+    kwargs = dict(loss=loss, activation=activation, output=output, lr=0.05, momentum=0.9, batch_size=16, seed=3)
+    serial = SerialTrainer((12, 9), **kwargs).fit(X, y, steps=30)
+    result = train_resident(
+        client4,
+        grid,
+        **_setup(X, y, (12, 9), **kwargs),
+        start=0,
+        stop=30,
+        run_id=f"daskann-npt-test-1x1-{uuid.uuid4().hex[:8]}",
+        eval_fn=lambda done: done % 10 == 0,
+    )
+    for got, want in zip(result.model.params + result.velocity, serial.model_.params + serial.velocity_, strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal([r["loss"] for r in result.rows], serial.history_["loss"].values)
+    assert all(r["bytes_moved"] == 0 and r["compute_time"] > 0 for r in result.rows)
+    assert sorted(result.snapshots) == [10, 20, 30]
+    at10 = SerialTrainer((12, 9), **kwargs).fit(X, y, steps=10).model_
+    for got, want in zip(result.snapshots[10].params, at10.params, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_eval_snapshots_are_the_models_of_those_steps(client4, regression):
     X, y = regression
     kwargs = dict(lr=0.05, momentum=0.5, batch_size=16, seed=4)
@@ -257,15 +286,16 @@ def test_killed_worker_fails_fast_and_clearly(client4, regression):
         client4.wait_for_workers(4, timeout=120)
 
 
-def test_divergence_stops_with_the_last_finite_state(client4, regression):
+@pytest.mark.parametrize("shape", ["2x2", "1x1"])
+def test_divergence_stops_with_the_last_finite_state(client4, regression, shape):
     X, y = regression
     kwargs = dict(lr=1e5, momentum=0.9, batch_size=16, seed=3)
     serial = SerialTrainer((12, 9), **kwargs)
     with pytest.raises(TrainingDiverged) as info:
         serial.fit(X, y, steps=30)
-    grid = ProcessGrid.from_client(client4, "2x2")
+    grid = ProcessGrid.from_client(client4, shape)
     result = train_resident(
-        client4, grid, **_setup(X, y, (12, 9), **kwargs), start=0, stop=30, run_id="daskann-npt-test-diverge"
+        client4, grid, **_setup(X, y, (12, 9), **kwargs), start=0, stop=30, run_id=f"daskann-npt-test-diverge-{shape}"
     )
     assert result.diverged_step == info.value.step
     assert len(result.rows) == info.value.step - 1

@@ -44,9 +44,12 @@ def _assert_same_history(got, want, names) -> None:
 
 
 @pytest.mark.parametrize("kind", list(SETTINGS))
-@pytest.mark.parametrize(("grid", "n_val"), [("2x2", 30), ("2x3", 5)], ids=["2x2", "2x3-empty-bands"])
+@pytest.mark.parametrize(
+    ("grid", "n_val"), [("2x2", 30), ("2x3", 5), ("1x1", 30)], ids=["2x2", "2x3-empty-bands", "1x1-one-cell"]
+)
 def test_cells_evaluate_validation_as_serial_training(client4, kind, grid, n_val):
-    """The 2x3 grid runs on a virtual 6x6 one: 5 validation rows leave one grid row with none."""
+    """The 2x3 grid runs on a virtual 6x6 one: 5 validation rows leave one grid row with none.
+    1x1 trains with the numeric core's own step and evaluates by the general program's products."""
     settings = SETTINGS[kind]
     X, y = _data(settings["loss"], 96)
     Xv, yv = _data(settings["loss"], n_val, seed=1)

@@ -37,7 +37,7 @@ import time
 import numpy as np
 
 from daskann._heap import heap_for_blocks
-from daskann.nn import SGD
+from daskann.nn import MLP, SGD
 from daskann.nn._functional import activate, activation_backward
 from daskann.npt._exchange import Channel
 from daskann.npt._resident_layout import Layout
@@ -58,7 +58,8 @@ def run_worker(spec: dict, payload: dict, previous: dict | None = None) -> dict:
         with heap_for_blocks():
             if previous is not None:
                 payload = payload | previous["state"]
-            result = CellProgram(spec, payload, channel).run()
+            program = SingleCellProgram if spec["layout"].q == 1 else CellProgram
+            result = program(spec, payload, channel).run()
             channel.check_sends(wait=True)
         return result
     except BaseException as exc:
@@ -476,6 +477,10 @@ class CellProgram:
             if diverged is None and pending is not None:
                 self.announce(pending[0], *pending[3])
                 diverged = self.confirm(pending, losses, stats, snapshots)
+        return self.result(losses, stats, diverged, snapshots)
+
+    def result(self, losses, stats, diverged, snapshots) -> dict:
+        """What the task returns: the confirmed steps' figures and the blocks the cells hold."""
         return {
             "worker": self.me,
             "losses": losses,
@@ -502,13 +507,17 @@ class CellProgram:
         if not go:
             self.W, self.vW, self.b, self.vb = before
             return step + 1
+        self.record(step, loss, step_stats, losses, stats, snapshots)
+        return None
+
+    def record(self, step, loss, step_stats, losses, stats, snapshots) -> None:
+        """Keep a confirmed step's loss and figures; evaluate or snapshot the weights after it when asked."""
         losses.append(loss)
         stats.append(step_stats)
         if step + 1 in self.eval_steps and self.Xv is not None:
             self.evaluations[step + 1] = self.evaluate(step + 1)
         elif step + 1 in self.eval_steps:
             snapshots[step + 1] = self.owned_state(velocity=False)
-        return None
 
     def owned_state(self, *, velocity: bool) -> dict:
         """Weight blocks of the hosted cells, and the biases of the columns whose
@@ -523,6 +532,73 @@ class CellProgram:
             state["vW"] = dict(self.vW)
             state["vb"] = {(layer, j): self.vb[layer, j] for layer in range(self.n_layers) for j in top}
         return state
+
+
+class SingleCellProgram(CellProgram):
+    """A 1 x 1 grid: the whole network in one cell, stepped by the numeric core as :class:`SerialTrainer` does.
+
+    With one cell there is nothing to exchange and nobody to agree with, so a
+    step is one call of :meth:`MLP.loss_and_gradients` and the optimiser's
+    update, without the per-block messages and bookkeeping of the general
+    program (on a small net those cost more than the arithmetic). A step
+    whose loss, gradients or new weights are not finite is not committed.
+    Validation passes use the general program's products, sent to itself.
+    """
+
+    CELL = (0, 0)
+
+    def __init__(self, spec: dict, payload: dict, channel: Channel):
+        super().__init__(spec, payload, channel)
+        s = spec["settings"]
+        self.net = MLP.from_arrays(
+            self._weights(),
+            self._biases(),
+            activation=s["activation"],
+            output=s["output"],
+            negative_slope=self.slope,
+        )
+
+    def _weights(self) -> list:
+        return [self.W[layer, self.CELL] for layer in range(self.n_layers)]
+
+    def _biases(self) -> list:
+        return [self.b[layer, 0] for layer in range(self.n_layers)]
+
+    def local_step(self, step: int):
+        """Loss of ``step`` and the new ``(W, vW, b, vb)``, or None when a number is not finite."""
+        rows = self.order.indices(step)
+        net = self.net
+        net.weights, net.biases = self._weights(), self._biases()
+        value, grad_w, grad_b = net.loss_and_gradients(
+            self.X[0][rows], self.targets(self.CELL, {0: rows}), self.loss_name
+        )
+        grads = grad_w + grad_b
+        if not math.isfinite(value) or not all(np.isfinite(g).all() for g in grads):
+            return value, None
+        n = self.n_layers
+        W, vW, b, vb = {}, {}, {}, {}
+        for layer in range(n):
+            key = layer, self.CELL
+            W[key], vW[key] = self._updated(self.W[key], grad_w[layer], self.vW[key])
+            b[layer, 0], vb[layer, 0] = self._updated(self.b[layer, 0], grad_b[layer], self.vb[layer, 0])
+        if not all(np.isfinite(a).all() for a in (*W.values(), *b.values())):
+            return value, None
+        return value, (W, vW, b, vb)
+
+    def run(self) -> dict:
+        losses, stats, snapshots = [], [], {}
+        diverged = None
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            for step in range(self.start, self.stop):
+                t_step = time.perf_counter()
+                loss, new = self.local_step(step)
+                if new is None:
+                    diverged = step + 1
+                    break
+                self.W, self.vW, self.b, self.vb = new
+                wall = time.perf_counter() - t_step
+                self.record(step, loss, (wall, wall, 0, 0), losses, stats, snapshots)
+        return self.result(losses, stats, diverged, snapshots)
 
 
 def _first_maximum(z: np.ndarray, row_max: np.ndarray, c0: int, n_out: int) -> np.ndarray:
