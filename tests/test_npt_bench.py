@@ -135,3 +135,16 @@ def test_auto_check_judges_the_pick_not_two_timings_of_it():
     assert not got["picked_best"] and not got["within_10pct"]
     table[-1] = _row("n", "2x2", "auto-resident", 0.85e-3, cells=4)
     assert bench._check_auto(table, {}, "n", {"grid": "2x2", "mode": "resident"})["within_10pct"]
+
+
+def test_single_worker_check_takes_the_median_of_rounds_timed_in_turn():
+    rows = {
+        ("one-hidden", "-", "serial"): {"time_per_step": 0.3e-3},
+        ("one-hidden", "1x1", "resident"): {"time_per_step": 0.45e-3, "setup_s": 0.1},
+    }
+    # the sweep's own pair alone (a busy spell during the resident run) fails the target
+    assert not bench._check_single_worker(rows, {})["one-hidden"]["met"]
+    pairs = {"one-hidden": [(0.3e-3, 0.45e-3), (0.4e-3, 0.4e-3), (0.42e-3, 0.38e-3)]}
+    got = bench._check_single_worker(rows, pairs)["one-hidden"]
+    assert got["ratio"] == pytest.approx(1.0) and got["met"] and len(got["rounds"]) == 3
+    assert got["step_s"] == pytest.approx(0.4e-3) and got["serial_s"] == pytest.approx(0.4e-3)
