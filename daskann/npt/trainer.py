@@ -55,8 +55,9 @@ class NPTTrainer(BaseTrainer):
         ``"graph"``: one Dask task per block product (scales to big blocks,
         recovers from lost workers by replaying steps). ``"resident"``: one
         long-lived task per worker that exchanges blocks directly with its
-        neighbours (no scheduler round trip per step; for small blocks).
-        ``"auto"`` picks graph mode when a block product is long enough to
+        neighbours (no scheduler round trip per step; for small blocks). On
+        a 1x1 grid its one cell steps as :class:`SerialTrainer` does, with
+        serial's arithmetic and no messages. ``"auto"`` picks graph mode when a block product is long enough to
         hide the scheduler's per-task latency.
     share_workers : bool
         Allow a grid with more cells than workers (cells dealt out
