@@ -26,6 +26,8 @@ from daskann.npt.grid import ProcessGrid
 from daskann.npt.resident import ResidentError, _payload, exchange_latency, train_resident
 
 TOL = 1e-10
+#: (loss, activation, output) of the equality tests
+SETTINGS = [("mse", "relu", "linear"), ("cross_entropy", "leaky_relu", "linear"), ("mse", "leaky_relu", "softmax")]
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +71,7 @@ def _run_and_compare(client, grid, X, y, hidden, steps=30, **kwargs):
     return result, run_id
 
 
-@pytest.mark.parametrize(
-    "loss,activation,output",
-    [("mse", "relu", "linear"), ("cross_entropy", "leaky_relu", "linear"), ("mse", "leaky_relu", "softmax")],
-)
+@pytest.mark.parametrize("loss,activation,output", SETTINGS)
 def test_2x2_equals_serial(client4, regression, classification, loss, activation, output):
     X, y = regression if loss == "mse" else classification
     grid = ProcessGrid.from_client(client4, "2x2")
@@ -85,10 +84,7 @@ def test_2x2_equals_serial(client4, regression, classification, loss, activation
     assert not [ns for names in left.values() for ns in names if ns.startswith(run_id)], left
 
 
-@pytest.mark.parametrize(
-    "loss,activation,output",
-    [("mse", "relu", "linear"), ("cross_entropy", "leaky_relu", "linear"), ("mse", "leaky_relu", "softmax")],
-)
+@pytest.mark.parametrize("loss,activation,output", SETTINGS)
 def test_1x1_steps_exactly_as_serial(client4, regression, classification, loss, activation, output):
     """One cell steps with the numeric core itself: weights, velocities and losses are serial's, bit for bit."""
     X, y = regression if loss == "mse" else classification
