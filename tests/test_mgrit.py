@@ -797,8 +797,19 @@ def test_bench_efficiency_reports_both_efficiencies(tmp_path, client2):
     assert rec["parallel_efficiency"] == pytest.approx(
         rec["inprocess_solve_seconds"] / (2 * rec["cluster_solve_seconds"])
     )
+    assert "later_iterations_efficiency" in rec
     bad = CliRunner().invoke(bench_command, ["--efficiency", "8-x-3", "--output", str(tmp_path)])
     assert bad.exit_code != 0 and "efficiency" in bad.output
+
+
+def test_later_iterations_efficiency_leaves_out_the_first_two():
+    from types import SimpleNamespace
+
+    from daskann.mgrit.bench import _later_iterations
+
+    result = SimpleNamespace(work=[10.0, 8.0, 8.0, 8.0], iteration_times=[5.0, 4.0, 1.0, 1.0])
+    assert _later_iterations(result, 0.25) == pytest.approx(16 * 0.25 / 2.0)
+    assert math.isnan(_later_iterations(SimpleNamespace(work=[10.0, 8.0], iteration_times=[5.0, 4.0]), 0.25))
 
 
 def test_demo_quick(client2):

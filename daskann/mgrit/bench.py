@@ -184,6 +184,10 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
         ``sum(result_.work) * serial_step / t_inprocess``: how close the
         in-process solve comes to its own work model (1 is every work unit at
         the cost of one serial step and nothing else).
+    ``later_iterations_efficiency``
+        The work-model efficiency of the in-process solve's iterations from
+        the third on (``result_.work`` against ``result_.iteration_times``):
+        the first two also write the trajectory's memory for the first time.
     ``parallel_efficiency``
         ``t_inprocess / (workers * t_cluster)``: the cluster's solve against
         the in-process one.
@@ -200,7 +204,7 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
     )
     overrides = {k: v for k, v in options.items() if k != "levels"}
     times: dict[str, list] = {"mgrit": [], "serial": [], "inprocess_solve": [], "cluster_solve": []}
-    iterations = []
+    iterations, later = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         serial = SerialTrainer(problem["hidden"], **settings).fit(problem["X"], problem["y"], steps=n_steps)
@@ -215,6 +219,7 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
             ).fit(problem["X"], problem["y"], steps=n_steps)
         times["mgrit"].append(time.perf_counter() - t0)
         times["inprocess_solve"].append(local.result_.solve_time)
+        later.append(_later_iterations(local.result_, times["serial"][-1] / n_steps))
         times["cluster_solve"].append(trainer.result_.solve_time)
         iterations.append(trainer.n_iter_)
     ref = np.concatenate([p.ravel() for p in serial.model_.params])
@@ -238,11 +243,19 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
         "inprocess_solve_seconds": med["inprocess_solve"],
         "cluster_solve_seconds": med["cluster_solve"],
         "work_model_efficiency": work * serial_step / med["inprocess_solve"],
+        "later_iterations_efficiency": statistics.median(later),
         "parallel_efficiency": med["inprocess_solve"] / (workers * med["cluster_solve"]),
         "bit_identical": all(
             np.array_equal(a, b) for a, b in zip(local.model_.params, trainer.model_.params, strict=True)
         ),
     }
+
+
+def _later_iterations(result, serial_step: float, skip: int = 2) -> float:
+    """Work-model efficiency of a solve's iterations after the first ``skip`` (NaN when there are none)."""
+    n = min(len(result.work), len(result.iteration_times))
+    seconds = sum(result.iteration_times[skip:n])
+    return float(sum(result.work[skip:n]) * serial_step / seconds) if seconds > 0 else float("nan")
 
 
 def efficiency_problem(sizes, *, n_samples: int = 4096, lr: float = 1e-3) -> dict:
@@ -833,13 +846,14 @@ def format_efficiency(report: dict) -> str:
     lines = [
         "MGRIT execution against its work model (medians; solve times)",
         f"{'network':>18} {'N':>5} {'iters':>5} {'work':>7} {'step ms':>8} {'inproc s':>9} {'cluster s':>9} "
-        f"{'work-model eff':>14} {'parallel eff':>12} {'identical':>9}",
+        f"{'work-model eff':>14} {'iter 3+':>10} {'parallel eff':>12} {'identical':>9}",
     ]
     for r in report["efficiency"]:
         lines.append(
             f"{'-'.join(map(str, r['sizes'])):>18} {r['n_steps']:>5} {r['iterations']:>5} {r['work_units']:>7.0f} "
             f"{r['serial_step_seconds'] * 1e3:>8.2f} {r['inprocess_solve_seconds']:>9.2f} "
             f"{r['cluster_solve_seconds']:>9.2f} {r['work_model_efficiency']:>14.2f} "
+            f"{r.get('later_iterations_efficiency', float('nan')):>10.2f} "
             f"{r['parallel_efficiency']:>12.2f} {r['bit_identical']!s:>9}"
         )
     return "\n".join(lines)
