@@ -834,11 +834,16 @@ def test_threaded_workers_count_as_local_for_a_temporary_store():
     from daskann.mgrit.solver import _workers_are_local
 
     class Info:
-        def __init__(self, *addresses):
-            self.addresses = addresses
+        """A client whose scheduler knows the workers at ``addresses``."""
 
-        def scheduler_info(self, n_workers=-1):
+        def __init__(self, *addresses):
+            self.addresses, self.scheduler = addresses, self
+
+        def identity(self, n_workers=-1):
             return {"workers": {a: {} for a in self.addresses}}
+
+        def sync(self, func, **kwargs):
+            return func(**kwargs)
 
     assert _workers_are_local(Info("inproc://10.11.12.13/4242/1", "tcp://127.0.0.1:40000"))
     assert not _workers_are_local(Info("tcp://127.0.0.1:40000", "tcp://10.11.12.13:40001"))

@@ -25,6 +25,7 @@ from daskann._validation import invalid
 from daskann.exceptions import DaskannError
 from daskann.mgrit._kernels import release_kept
 from daskann.mgrit._plan import owner
+from daskann.npt.grid import live_workers
 
 #: seconds one broadcast of the context may take before it is tried again
 BROADCAST_TIMEOUT = 90.0
@@ -148,7 +149,7 @@ class DaskExecutor:
             future = client.submit(_noop, future, key=f"{prefix}-noop-{i}", pure=False)
         future.result(timeout=self.timeout)
         task_seconds = (time.perf_counter() - t0) / rounds
-        workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        workers = len(live_workers(client))
         return {"step_seconds": step_seconds, "task_seconds": task_seconds, "workers": workers}
 
     def _broadcast(self):
@@ -227,7 +228,7 @@ class DaskExecutor:
 
     def _workers(self) -> list[str]:
         """The cluster's workers now, in a fixed order (the owners of successive ranges of time)."""
-        return sorted(self.scheduler.scheduler_info(n_workers=-1)["workers"])
+        return sorted(live_workers(self.scheduler))
 
     def close(self) -> None:
         if self.name == "distributed":

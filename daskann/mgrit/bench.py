@@ -38,6 +38,7 @@ from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.propagators import SGDPropagator
 from daskann.mgrit.solver import MGRIT
 from daskann.nn import MLP
+from daskann.npt.grid import live_workers
 from daskann.serial import SerialTrainer
 
 #: the benchmark problem: small regression MLP, SGD on minibatches of 16
@@ -225,7 +226,7 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
     ref = np.concatenate([p.ravel() for p in serial.model_.params])
     got = np.concatenate([p.ravel() for p in trainer.model_.params])
     med = {k: statistics.median(v) for k, v in times.items()}
-    workers = len(client.scheduler_info(n_workers=-1)["workers"])
+    workers = len(live_workers(client))
     work = float(sum(trainer.result_.work))
     serial_step = med["serial"] / n_steps
     return {

@@ -53,6 +53,7 @@ from daskann.mgrit._levels import Hierarchy, check_hierarchy
 from daskann.mgrit._plan import block_sizes
 from daskann.mgrit._run import IterationRecord, SolveRun, series
 from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
+from daskann.npt.grid import live_workers
 
 
 @dataclass
@@ -670,7 +671,7 @@ def _workers_are_local(client: Client) -> bool:
         local.add(socket.gethostbyname(socket.gethostname()))
     except OSError:
         pass
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = live_workers(client)
     # inproc:// workers are threads of this very process (LocalCluster(processes=False))
     return all(urlparse(addr).scheme == "inproc" or (urlparse(addr).hostname or "") in local for addr in workers)
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from daskann._validation import check_choice, check_float, check_hidden_sizes, check_int, invalid
+from daskann.npt.grid import worker_threads
 from daskann.partition.merge import check_combine, check_noise
 from daskann.partition.split import check_hidden_k
 
@@ -224,9 +225,9 @@ def machine_report(client=None) -> dict:
     except OSError:
         pass
     if client is not None:
-        info = client.scheduler_info(n_workers=-1)["workers"]
-        report["workers"] = len(info)
-        report["threads_per_worker"] = sorted({w.get("nthreads") for w in info.values()})
+        threads = worker_threads(client)
+        report["workers"] = len(threads)
+        report["threads_per_worker"] = sorted(set(threads.values()))
         report["worker_blas"] = client.run(blas)
     return report
 
