@@ -572,18 +572,11 @@ class SingleCellProgram(CellProgram):
         value, grad_w, grad_b = net.loss_and_gradients(
             self.X[0][rows], self.targets(self.CELL, {0: rows}), self.loss_name
         )
-        grads = grad_w + grad_b
-        if not math.isfinite(value) or not all(np.isfinite(g).all() for g in grads):
+        if not math.isfinite(value):
             return value, None
-        n = self.n_layers
-        W, vW, b, vb = {}, {}, {}, {}
-        for layer in range(n):
-            key = layer, self.CELL
-            W[key], vW[key] = self._updated(self.W[key], grad_w[layer], self.vW[key])
-            b[layer, 0], vb[layer, 0] = self._updated(self.b[layer, 0], grad_b[layer], self.vb[layer, 0])
-        if not all(np.isfinite(a).all() for a in (*W.values(), *b.values())):
-            return value, None
-        return value, (W, vW, b, vb)
+        # the general program's update and finiteness checks, on the one cell's blocks
+        finite, new = self.propose_update([{self.CELL: g} for g in grad_w], [{0: g} for g in grad_b])
+        return value, new if finite else None
 
     def run(self) -> dict:
         losses, stats, snapshots = [], [], {}
