@@ -655,6 +655,32 @@ def test_task_sizes_give_each_worker_an_even_share():
     assert task_sizes(h, blocks, lambda level: 1.0, step_seconds=1e-3, task_seconds=1.0, workers=1) == (32, 8)
 
 
+@pytest.mark.parametrize("cf_iter,cycle", [(1, "V"), (1, "F"), (0, "V")])
+def test_an_inprocess_solve_touches_fewer_slots_than_a_dask_run(cf_iter, cycle):
+    """In-process tasks run once, in order, in place: with FCF relaxation, four C-value slots of the fine level and
+    one generation of v/g (less fresh memory to fault in); a dask run keeps five and two."""
+    from daskann.mgrit._levels import Hierarchy
+    from daskann.mgrit._plan import Planner
+
+    h = Hierarchy(64, (4, 4))
+    options = {"cf_iter": (cf_iter,) * 3, "weight_c": (1.0,) * 3, "cycle_type": cycle, "store_fine": False}
+    touched = {}
+    for sequential in (False, True):
+        planner = Planner(h, {**options, "blocks": (4, 1)}, lambda level: 1.0, "p")
+        planner.sequential = sequential
+        slots, gens = set(), set()
+        for k in range(1, 7):
+            for task in planner.iteration(k):
+                spec = task.spec
+                if getattr(spec, "level", None) == 0 and hasattr(spec, "dst"):
+                    slots |= {spec.dst} | ({spec.fuse_c} if spec.fuse_c is not None else set())
+                if getattr(spec, "restrict", False):
+                    gens.add((spec.level + 1, spec.gen_restrict))
+        touched[sequential] = (len(slots | {0}), max(sum(g[0] == lvl for g in gens) for lvl in (1, 2)))
+    # F-relaxation at the fine level: no C-relaxed copy to keep, and its final sweep corrects and restricts
+    assert touched == ({False: (5, 2), True: (4, 1)} if cf_iter else {False: (3, 2), True: (3, 2)})
+
+
 def test_heap_scope_with_and_without_the_nannys_trim_setting(monkeypatch):
     from daskann._heap import heap_for_blocks
 

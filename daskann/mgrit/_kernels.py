@@ -109,8 +109,10 @@ class SweepSpec:
     gen : int
         Generation of ``v{l}``/``g{l}`` this level reads.
     gen_next : int
-        Generation of ``v{l+1}`` the correction reads (and the restriction
-        does not write).
+        Generation of ``v{l+1}`` the correction reads.
+    gen_restrict : int
+        Generation of ``v{l+1}``/``g{l+1}`` the restriction writes (the other
+        one when the sweep also corrects).
     persist : bool
         Write to the zarr store (the final sweep: what the next iteration and
         a resumed run start from); otherwise the rows go to the dependent
@@ -139,6 +141,7 @@ class SweepSpec:
     weight: float
     gen: int = 0
     gen_next: int = 0
+    gen_restrict: int = 1
     persist: bool = False
     order: int = 0
     keep: tuple | None = None
@@ -492,9 +495,8 @@ def _sweep_block(spec: SweepSpec, store, ctx: Context):
         fused = block.add(f"c{level}", (spec.fuse_c, slice(q0, c_last)), n_new)
     v_next = g_next = None
     if spec.restrict and spec.mode == "R" and n_new > 0:
-        gen = 1 - spec.gen_next
-        v_next = block.add(f"v{level + 1}", (gen, slice(q0, c_last)), n_new)
-        g_next = block.add(f"g{level + 1}", (gen, slice(q0, c_last)), n_new)
+        v_next = block.add(f"v{level + 1}", (spec.gen_restrict, slice(q0, c_last)), n_new)
+        g_next = block.add(f"g{level + 1}", (spec.gen_restrict, slice(q0, c_last)), n_new)
     u = block.add(f"u{level}", slice(row0, row1), row1 - row0) if spec.store_u and row1 > row0 else None
     work = np.empty(ctx.layout.size, dtype=ctx.layout.dtype)  # the running state when no row keeps it
     residuals, x = [], None

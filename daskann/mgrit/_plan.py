@@ -143,6 +143,14 @@ class Planner:
         iteration in its worker's memory (dask's schedulers), and the next
         iteration's first sweep is handed them (:func:`run_handoff`): they
         never go through the store.
+    sequential : bool
+        The tasks run one after another in this process, in place in the
+        in-memory trajectory (:class:`~daskann.mgrit._executors.InProcessExecutor`):
+        no task is ever recomputed, so the final sweep may write over the slot
+        the iteration started from, and a restriction reuses its generation
+        unless the same sweep also corrects from it. The trajectory then
+        touches four C-value slots of level 0 and one generation of ``v``/``g``
+        where a dask run needs five and two (less fresh memory to fault in).
     """
 
     def __init__(self, hierarchy, options: dict, cost, prefix: str, *, run: str | None = None):
@@ -153,6 +161,7 @@ class Planner:
         self.prefix = prefix
         self.run = prefix if run is None else run
         self.keep_fused = False
+        self.sequential = False
         self.kept: list[tuple] = []  # (token, start, chunks) of each task of the last final sweep that kept rows
         self.blocks = options["blocks"]  # intervals per chunk of the store
         self.task_blocks = self.blocks  # intervals per task: whole chunks (:func:`task_sizes`)
@@ -255,8 +264,9 @@ class Planner:
         h = self.h
         source = self.source[level]
         src_slot = source[1] if source[0] == "c" else None
-        # the final sweep writes the store: never over the slot this iteration started from
-        free = self._free_slots(level, src_slot, self.start_slot if final else None)
+        # the final sweep writes the store: never over the slot this iteration started from, which a
+        # recomputed task of a dask run may read again
+        free = self._free_slots(level, src_slot, self.start_slot if final and not self.sequential else None)
         dst = free[0]
         fuse = free[1] if fuse_c else None
         if store_u is None:
@@ -266,6 +276,9 @@ class Planner:
         weight = self.opt["weight_c"][level]
         gen = self.gen[level]
         gen_next = self.gen[level + 1] if level + 1 < self.L else 0
+        # a restriction writes the other generation where a task of the same sweep may still read the
+        # current one (the correction); a dask run keeps both, as its store and recomputed tasks expect
+        gen_restrict = 1 - gen_next if correct or not self.sequential else gen_next
         n_int = h.n_intervals(level)
         block = self.blocks[level]
         first = len(self._tasks)
@@ -290,7 +303,7 @@ class Planner:
                     if fuse is not None:
                         writes.append(("c", level, fuse, b))
                     if restrict:
-                        writes += [("v", level + 1, 1 - gen_next, b), ("g", level + 1, 1 - gen_next, b)]
+                        writes += [("v", level + 1, gen_restrict, b), ("g", level + 1, gen_restrict, b)]
                 if store_u:
                     writes.append(("u", level, b))
             reads = list(dict.fromkeys(reads))
@@ -309,6 +322,7 @@ class Planner:
                 weight=weight,
                 gen=gen,
                 gen_next=gen_next,
+                gen_restrict=gen_restrict,
             )
             start = q0 * h.cfactors[level] * h.span(level)
             keep = [w for w in writes if w[0] == "c" and w[2] == fuse] if final and self.keep_fused else ()
@@ -323,7 +337,7 @@ class Planner:
                 self.source[level + 1] = ("v",)
             self.pending[level + 1] = False
             self.rhs[level + 1] = True
-            self.gen[level + 1] = 1 - gen_next
+            self.gen[level + 1] = gen_restrict
         return fuse
 
     def coarse_solve(self) -> None:

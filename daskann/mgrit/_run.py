@@ -167,6 +167,7 @@ class SolveRun:
     def open_executor(self) -> None:
         if self.opt["scheduler"] is None:
             self.executor = InProcessExecutor(self.store, self.context)
+            self.planner.sequential = True  # one task after another, in place: less memory to touch
             return
         self.executor = DaskExecutor(self.opt["scheduler"], self.store, self.context, timeout=self.opt["timeout"])
         # tasks pass rows in memory: the values that start the next iteration stay on their workers too
@@ -220,6 +221,7 @@ class SolveRun:
         self.replans += 1
         planner = self._planner(self.planner.blocks, f"{self.planner.run}-again{self.replans}", run=self.planner.run)
         planner.task_blocks, planner.keep_fused = self.planner.task_blocks, self.planner.keep_fused
+        planner.sequential = self.planner.sequential
         planner.restart_from(self.progress["committed"])
         self.planner = planner
         return planner
