@@ -45,6 +45,9 @@ BLAS_ONE_THREAD = {
     "VECLIB_MAXIMUM_THREADS": "1",
     "NUMEXPR_NUM_THREADS": "1",
 }
+#: and one malloc arena, so that a task thread's large blocks come from the heap a training run keeps
+#: (:mod:`daskann._heap`) instead of fresh mappings of memory
+WORKER_ENVIRON = {**BLAS_ONE_THREAD, "MALLOC_ARENA_MAX": "1"}
 
 #: folder of the shipped profiles (package data); ``DASKANN_PROFILE_DIR`` adds folders searched first
 PROFILE_DIR = resources.files("daskann") / "profiles"
@@ -106,9 +109,9 @@ def check_address(address: str, *, security: Security | None = None, insecure: b
 
 
 def _worker_environ() -> dict[str, str]:
-    """Dask's pre-spawn environment (memory trimming, ...) with every BLAS on one thread."""
+    """Dask's pre-spawn environment (memory trimming, ...) with every BLAS on one thread, one malloc arena."""
     base = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
-    return {**{k: str(v) for k, v in base.items()}, **BLAS_ONE_THREAD}
+    return {**{k: str(v) for k, v in base.items()}, **WORKER_ENVIRON}
 
 
 def local_cluster(
@@ -162,7 +165,7 @@ def local_cluster(
             memory_limit=memory_limit,
             security=security,
             # also in the worker spec, so workers added later by scale() keep one BLAS thread
-            env=dict(BLAS_ONE_THREAD),
+            env=dict(WORKER_ENVIRON),
             **kwargs,
         )
     return cluster
@@ -352,9 +355,9 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
     elif "shared_temp_directory" in options:
         options["shared_temp_directory"] = str(Path(os.path.expandvars(options["shared_temp_directory"])).expanduser())
 
-    # worker environment: one BLAS thread each, as on the embedded cluster
+    # worker environment: one BLAS thread each and one malloc arena, as on the embedded cluster
     prologue = [str(line) for line in options.pop("job_script_prologue", None) or []]
-    prologue += [f"export {k}={v}" for k, v in BLAS_ONE_THREAD.items()]
+    prologue += [f"export {k}={v}" for k, v in WORKER_ENVIRON.items()]
     options["job_script_prologue"] = prologue
     cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[spec["kind"]])
     return cls(**options), spec["scale"]
@@ -577,6 +580,7 @@ def blas_info(c: Client) -> dict[str, list[dict]]:
 
 __all__ = [
     "BLAS_ONE_THREAD",
+    "WORKER_ENVIRON",
     "available_profiles",
     "blas_info",
     "check_address",

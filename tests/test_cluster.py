@@ -16,8 +16,8 @@ import pytest
 from distributed import Client
 
 from daskann.cluster import (
-    BLAS_ONE_THREAD,
     PROFILE_DIR,
+    WORKER_ENVIRON,
     available_profiles,
     blas_info,
     check_address,
@@ -89,7 +89,7 @@ def test_shipped_profile_job_script(name, directives, tmp_path):
         assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
         for line in directives:
             assert line in script.splitlines(), script
-        for var in BLAS_ONE_THREAD:
+        for var in WORKER_ENVIRON:
             assert f"export {var}=1" in script.splitlines(), script
         command = script.strip().splitlines()[-1]
         assert "-m distributed.cli.dask_worker tls://127.0.0.1:" in command
@@ -288,10 +288,10 @@ def test_session_cluster_workers_one_thread_and_blas(client2):
             assert lib["num_threads"] == 1
             assert {"internal_api", "num_threads", "architecture"} <= set(lib)
             assert lib["internal_api"] in ("openblas", "mkl", "blis", "accelerate")
-    # BLAS limits added to Dask's own pre-spawn environment (memory trimming), not replacing it
+    # BLAS limits and one malloc arena added to Dask's own pre-spawn environment (memory trimming), not replacing it
     expected = {
         **{k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()},
-        **BLAS_ONE_THREAD,
+        **WORKER_ENVIRON,
     }
     env = client2.run(lambda: {k: os.environ.get(k) for k in expected})
     assert all(v == expected for v in env.values()), env

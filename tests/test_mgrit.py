@@ -6,6 +6,7 @@ import json
 import math
 import pickle
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -692,6 +693,31 @@ def test_heap_scope_with_and_without_the_nannys_trim_setting(monkeypatch):
         with heap_for_blocks():
             a = np.ones(2**20)
         assert a.sum() == 2**20
+
+
+def test_the_heap_is_kept_between_the_tasks_of_a_run(monkeypatch):
+    """The heap settings outlive a training task by KEEP_SECONDS, so the run's next task finds its memory mapped;
+    then the worker's own settings come back and the memory is given back."""
+    import daskann._heap as heap
+
+    if heap._glibc() is None or not sys.platform.startswith("linux"):
+        pytest.skip("glibc's malloc only")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    monkeypatch.setattr(heap, "KEEP_SECONDS", 0.3)
+    assert heap._heap_blocks() == heap.HEAP_BLOCKS  # not in a worker: no memory limit to respect
+    with heap.heap_for_blocks():
+        block = np.ones(2**22)
+    del block
+    assert heap._kept and heap._users == 0  # kept for the next task of the run
+    time.sleep(0.1)
+    with heap.heap_for_blocks():  # which cancels the pending release
+        pass
+    time.sleep(0.25)
+    assert heap._kept
+    deadline = time.monotonic() + 5
+    while heap._kept and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not heap._kept and heap._release_timer is None
 
 
 def test_training_data_travels_once_not_with_every_task(client2, monkeypatch):

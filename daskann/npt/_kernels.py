@@ -6,7 +6,9 @@ that training on a grid differs from :class:`daskann.SerialTrainer` only in
 the order in which the partial sums of each matrix product are added.
 
 Kernels never modify their inputs: a block may be read by several tasks, and a
-task may run again after a worker is lost.
+task may run again after a worker is lost. Those that make blocks run with the
+worker's heap kept (:func:`daskann._heap.keeps_heap`), so a step's blocks reuse
+the memory of the step before instead of fresh mappings.
 
 An *operand spec* is a tuple ``(value, field, window, transform)``: ``value``
 is a stored block (an array, or a dict holding one under ``field``);
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from daskann._heap import keeps_heap
 from daskann.nn._functional import activate, activation_backward, softmax
 
 
@@ -35,6 +38,7 @@ def operand(spec):
     return value
 
 
+@keeps_heap
 def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=()):
     """``acc + sum(op(a) @ op(b))`` over ``terms``, then ``+ partner``, then the epilogue.
 
@@ -143,12 +147,14 @@ def _velocity(grad, fresh, v_spec, momentum):
     return velocity
 
 
+@keeps_heap
 def weight_update(weight, velocity, lr):
     """``w - lr * v`` as :meth:`daskann.nn.SGD.update` computes it (one new array, not two)."""
     out = velocity * weight.dtype.type(lr)
     return np.subtract(weight, out, out=out)
 
 
+@keeps_heap
 def bias_update(state, grad_specs, lr, momentum, collect_loss):
     """New ``{"b", "v"}`` of a bias block from the column of ``dZ`` blocks below it.
 
@@ -178,6 +184,7 @@ def bias_update(state, grad_specs, lr, momentum, collect_loss):
     return result
 
 
+@keeps_heap
 def take_rows(band, rows):
     """Rows ``rows`` of a stored column band of the training data."""
     return band[rows]
@@ -193,6 +200,7 @@ def _mse(output, target, scale, with_grad):
     return {"g": diff, "loss": loss}
 
 
+@keeps_heap
 def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):
     """Loss partial sum and ``d loss / d Z`` of a whole row panel of the output.
 
@@ -241,6 +249,7 @@ def all_finite(*values):
     return True
 
 
+@keeps_heap
 def view(spec):
     """Materialise an operand spec (for gathering or converting to dask)."""
     return np.array(operand(spec), copy=True)
