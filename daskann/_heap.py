@@ -42,6 +42,7 @@ import functools
 import os
 import sys
 import threading
+import time
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -55,7 +56,8 @@ KEEP_SECONDS = 5.0
 _lock = threading.Lock()
 _users = 0
 _kept = False  # the heap settings are in force (while tasks run, and KEEP_SECONDS after)
-_release_timer: threading.Timer | None = None
+_idle_since = 0.0  # monotonic time the last task ended
+_release_timer: threading.Timer | None = None  # at most one, however many tasks end
 
 
 @functools.cache
@@ -97,15 +99,12 @@ def _heap_blocks() -> int:
 @contextlib.contextmanager
 def heap_for_blocks():
     """Serve a training task's blocks from the heap while it runs (nested and concurrent uses share it)."""
-    global _users, _kept, _release_timer
+    global _users, _kept, _idle_since
     libc = _libc()
     if libc is None:
         yield
         return
     with _lock:
-        if _release_timer is not None:
-            _release_timer.cancel()
-            _release_timer = None
         if not _kept:
             blocks = _heap_blocks()
             libc.mallopt(_M_MMAP_THRESHOLD, blocks)
@@ -118,9 +117,9 @@ def heap_for_blocks():
         with _lock:
             _users -= 1
             if _users == 0:
-                _release_timer = threading.Timer(KEEP_SECONDS, _release, args=(libc,))
-                _release_timer.daemon = True
-                _release_timer.start()
+                _idle_since = time.monotonic()
+                if _release_timer is None:
+                    _schedule_release(libc, KEEP_SECONDS)
 
 
 def keeps_heap(func):
@@ -134,13 +133,25 @@ def keeps_heap(func):
     return task
 
 
+def _schedule_release(libc, seconds: float) -> None:
+    global _release_timer
+    _release_timer = threading.Timer(seconds, _release, args=(libc,))
+    _release_timer.daemon = True
+    _release_timer.start()
+
+
 def _release(libc) -> None:
-    """The worker's own settings back, and the freed memory given back, if no task started meanwhile."""
+    """The worker's own settings back and the freed memory given back, once no task ran for KEEP_SECONDS."""
     global _kept, _release_timer
     with _lock:
-        if _users or not _kept:
+        _release_timer = None
+        if not _kept or _users:
+            return  # a running task schedules the release again when it ends
+        wait = _idle_since + KEEP_SECONDS - time.monotonic()
+        if wait > 0:  # a task ended since this timer started
+            _schedule_release(libc, wait)
             return
         libc.mallopt(_M_MMAP_THRESHOLD, _env_int("MALLOC_MMAP_THRESHOLD_"))
         libc.mallopt(_M_TRIM_THRESHOLD, _env_int("MALLOC_TRIM_THRESHOLD_"))
         libc.malloc_trim(0)
-        _kept, _release_timer = False, None
+        _kept = False

@@ -511,6 +511,12 @@ def worker_addresses(c: Client) -> list[str]:
     return [addr for addr, _ in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
 
 
+def worker_threads(c: Client) -> dict[str, int]:
+    """``{address: nthreads}`` of the client's workers, asked of the scheduler itself (see :func:`worker_addresses`)."""
+    info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]
+    return {addr: int(w.get("nthreads", 1)) for addr, w in info.items()}
+
+
 def check_worker_memory(c: Client, nbytes: int, *, name: str = "X", what: str = "training data") -> None:
     """Refuse a run whose ``nbytes`` per worker exceed a worker's memory limit, before any task.
 
@@ -594,4 +600,5 @@ __all__ = [
     "log_dashboard",
     "resolve_client",
     "worker_addresses",
+    "worker_threads",
 ]

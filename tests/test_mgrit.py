@@ -682,8 +682,27 @@ def test_an_inprocess_solve_touches_fewer_slots_than_a_dask_run(cf_iter, cycle):
     assert touched == ({False: (5, 2), True: (4, 1)} if cf_iter else {False: (3, 2), True: (3, 2)})
 
 
-def test_heap_scope_with_and_without_the_nannys_trim_setting(monkeypatch):
-    from daskann._heap import heap_for_blocks
+@pytest.fixture
+def released_heap():
+    """This process's heap settings as the worker's own, before and after the test (no release pending)."""
+    import daskann._heap as heap
+
+    def release():
+        if heap._release_timer is not None:
+            heap._release_timer.cancel()
+        libc = heap._glibc()
+        if heap._kept and libc is not None:
+            heap._idle_since = float("-inf")
+            heap._release(libc)
+        heap._release_timer = None
+
+    release()
+    yield heap
+    release()
+
+
+def test_heap_scope_with_and_without_the_nannys_trim_setting(monkeypatch, released_heap):
+    heap_for_blocks = released_heap.heap_for_blocks
 
     for trim in (None, "65536"):
         if trim is None:
@@ -695,28 +714,30 @@ def test_heap_scope_with_and_without_the_nannys_trim_setting(monkeypatch):
         assert a.sum() == 2**20
 
 
-def test_the_heap_is_kept_between_the_tasks_of_a_run(monkeypatch):
+def test_the_heap_is_kept_between_the_tasks_of_a_run(monkeypatch, released_heap):
     """The heap settings outlive a training task by KEEP_SECONDS, so the run's next task finds its memory mapped;
-    then the worker's own settings come back and the memory is given back."""
-    import daskann._heap as heap
-
-    if heap._glibc() is None or not sys.platform.startswith("linux"):
+    one pending release serves every task that ends, and it gives the memory back only after a quiet spell."""
+    heap = released_heap
+    libc = heap._glibc()
+    if libc is None or not sys.platform.startswith("linux"):
         pytest.skip("glibc's malloc only")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
-    monkeypatch.setattr(heap, "KEEP_SECONDS", 0.3)
+    monkeypatch.setattr(heap, "KEEP_SECONDS", 60.0)
     assert heap._heap_blocks() == heap.HEAP_BLOCKS  # not in a worker: no memory limit to respect
     with heap.heap_for_blocks():
         block = np.ones(2**22)
     del block
-    assert heap._kept and heap._users == 0  # kept for the next task of the run
-    time.sleep(0.1)
-    with heap.heap_for_blocks():  # which cancels the pending release
-        pass
-    time.sleep(0.25)
-    assert heap._kept
-    deadline = time.monotonic() + 5
-    while heap._kept and time.monotonic() < deadline:
-        time.sleep(0.05)
+    pending = heap._release_timer
+    assert heap._kept and heap._users == 0 and pending is not None and pending.interval == 60.0
+    with heap.heap_for_blocks():  # the run's next task: still kept, no second timer
+        assert heap._kept
+    assert heap._release_timer is pending
+    pending.cancel()
+    heap._release(libc)  # the timer fires less than KEEP_SECONDS after the last task ended: wait on
+    assert heap._kept and heap._release_timer is not None and heap._release_timer is not pending
+    heap._release_timer.cancel()
+    monkeypatch.setattr(heap, "_idle_since", heap._idle_since - 61.0)  # a quiet spell of KEEP_SECONDS
+    heap._release(libc)
     assert not heap._kept and heap._release_timer is None
 
 

@@ -22,10 +22,10 @@ from daskann import config
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
+from daskann.cluster import worker_addresses
 from daskann.exceptions import DaskannError
 from daskann.mgrit._kernels import release_kept
 from daskann.mgrit._plan import owner
-from daskann.npt.grid import live_workers
 
 #: seconds one broadcast of the context may take before it is tried again
 BROADCAST_TIMEOUT = 90.0
@@ -149,7 +149,7 @@ class DaskExecutor:
             future = client.submit(_noop, future, key=f"{prefix}-noop-{i}", pure=False)
         future.result(timeout=self.timeout)
         task_seconds = (time.perf_counter() - t0) / rounds
-        workers = len(live_workers(client))
+        workers = len(worker_addresses(client))
         return {"step_seconds": step_seconds, "task_seconds": task_seconds, "workers": workers}
 
     def _broadcast(self):
@@ -228,7 +228,7 @@ class DaskExecutor:
 
     def _workers(self) -> list[str]:
         """The cluster's workers now, in a fixed order (the owners of successive ranges of time)."""
-        return sorted(live_workers(self.scheduler))
+        return sorted(worker_addresses(self.scheduler))
 
     def close(self) -> None:
         if self.name == "distributed":

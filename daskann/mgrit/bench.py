@@ -31,6 +31,7 @@ import click
 import numpy as np
 
 from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann.cluster import worker_addresses
 from daskann.data import BatchOrder, make_linear
 from daskann.exceptions import MGRITDidNotPay
 from daskann.mgrit._errors import MGRITDiverged
@@ -38,7 +39,6 @@ from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.propagators import SGDPropagator
 from daskann.mgrit.solver import MGRIT
 from daskann.nn import MLP
-from daskann.npt.grid import live_workers
 from daskann.serial import SerialTrainer
 
 #: the benchmark problem: small regression MLP, SGD on minibatches of 16
@@ -226,7 +226,7 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
     ref = np.concatenate([p.ravel() for p in serial.model_.params])
     got = np.concatenate([p.ravel() for p in trainer.model_.params])
     med = {k: statistics.median(v) for k, v in times.items()}
-    workers = len(live_workers(client))
+    workers = len(worker_addresses(client))
     work = float(sum(trainer.result_.work))
     serial_step = med["serial"] / n_steps
     return {

@@ -46,6 +46,7 @@ from distributed import Client
 
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann.cluster import worker_addresses
 from daskann.mgrit import _store, workmodel
 from daskann.mgrit._errors import MGRITDiverged, PropagatorError
 from daskann.mgrit._kernels import Context, StepFailed
@@ -53,7 +54,6 @@ from daskann.mgrit._levels import Hierarchy, check_hierarchy
 from daskann.mgrit._plan import block_sizes
 from daskann.mgrit._run import IterationRecord, SolveRun, series
 from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
-from daskann.npt.grid import live_workers
 
 
 @dataclass
@@ -671,7 +671,7 @@ def _workers_are_local(client: Client) -> bool:
         local.add(socket.gethostbyname(socket.gethostname()))
     except OSError:
         pass
-    workers = live_workers(client)
+    workers = worker_addresses(client)
     # inproc:// workers are threads of this very process (LocalCluster(processes=False))
     return all(urlparse(addr).scheme == "inproc" or (urlparse(addr).hostname or "") in local for addr in workers)
 

@@ -15,6 +15,10 @@ import numpy as np
 
 from daskann._validation import check_int, invalid
 
+# the cluster's helpers, under the names npt's modules use
+from daskann.cluster import worker_addresses as live_workers  # noqa: F401
+from daskann.cluster import worker_threads  # noqa: F401
+
 
 def split_sizes(n: int, parts: int) -> tuple[int, ...]:
     """Sizes of ``parts`` nearly equal pieces of ``n`` (larger ones first)."""
@@ -140,22 +144,6 @@ class ProcessGrid:
 
     def __str__(self) -> str:
         return self.placement_map()
-
-
-def live_workers(client) -> list[str]:
-    """Addresses of the workers the scheduler knows now, sorted by worker name.
-
-    Asks the scheduler directly: the client's cached ``scheduler_info`` may
-    be refreshed concurrently without per-worker entries.
-    """
-    info = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
-    return [addr for addr, _ in sorted(info.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
-
-
-def worker_threads(client) -> dict:
-    """``{address: nthreads}`` of the workers the scheduler knows now."""
-    info = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
-    return {addr: int(w.get("nthreads", 1)) for addr, w in info.items()}
 
 
 def is_perfect_square(n: int) -> bool:

@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from daskann._validation import check_choice, check_float, check_hidden_sizes, check_int, invalid
-from daskann.npt.grid import worker_threads
+from daskann.cluster import worker_threads
 from daskann.partition.merge import check_combine, check_noise
 from daskann.partition.split import check_hidden_k
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from daskann._validation import invalid
-from daskann.npt.grid import live_workers
+from daskann.cluster import worker_addresses
 
 REQUIRED = ("flop_rate", "latency", "bandwidth", "task_overhead")
 OPTIONAL = (
@@ -369,7 +369,7 @@ def _mgrit_task_cost(
         trainer.fit(X, y, steps=steps)
     times = trainer.result_.iteration_times
     measured = float(np.median(times[1:] if len(times) > 1 else times))  # the first also warms the workers up
-    p = len(live_workers(client))
+    p = len(worker_addresses(client))
 
     def later(cost: float) -> float:
         return mgrit_iteration_seconds(net, replace(cluster, mgrit_task_overhead=cost), p, config)[1]
@@ -423,7 +423,7 @@ def _partition_overhead(client, cluster: ClusterSpec, net=None, *, steps: int = 
         trainer = PartitionTrainer(net.sizes[1:-1], **settings, k=2, sub_steps=steps, client=client)
         trainer.fit(X, y, steps=steps)
         spent.append(sum(trainer.timings_[phase] for phase in ("submodel", "merge", "finetune")))
-    p = len(live_workers(client))
+    p = len(worker_addresses(client))
     # the model's training and transfers alone: a negligible own cost stands in for the one measured here
     tiny = 1e-12
     work = partition_seconds(net, replace(cluster, partition_overhead=tiny), p, 2, 0.5) - tiny
@@ -505,7 +505,7 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> Cl
         The net the pilots train (so that their tasks move states and data of
         its size); a tiny net without it.
     """
-    names = sorted(live_workers(client))
+    names = sorted(worker_addresses(client))
     if not names:
         raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
     rates = [v for _ in range(3) for v in client.run(_gemm_rate, workers=names).values()]
@@ -553,7 +553,7 @@ def step_costs(client, flop_rate: float, net=None) -> dict:
     ``gemm_overhead``, ``layer_overhead``, ``element_time``,
     ``step_overhead`` and ``fit_overhead``.
     """
-    names = sorted(live_workers(client))
+    names = sorted(worker_addresses(client))
     gemm, layer = np.median(list(client.run(_small_costs, workers=names).values()), axis=0)
     shape = _calibration_net(net, flop_rate, gemm, layer)
     trainer = client.run(_trainer_costs, flop_rate, gemm, layer, *shape, workers=names)

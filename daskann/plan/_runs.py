@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from daskann.npt.grid import live_workers
+from daskann.cluster import worker_addresses
 from daskann.plan._cluster import (
     OPTIONAL,
     REQUIRED,
@@ -135,7 +135,7 @@ def validate(
     """
     rounds = VALIDATION_ROUNDS if rounds is None else rounds
     seconds = VALIDATION_SECONDS if seconds is None else seconds
-    p = len(live_workers(client))
+    p = len(worker_addresses(client))
     clusters, checks = [], None
     predicted, measured, calibrations = {}, {}, {}
     for _ in range(rounds):
