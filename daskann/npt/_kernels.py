@@ -191,12 +191,16 @@ def take_rows(band, rows):
 
 
 def _mse(output, target, scale, with_grad):
-    """Loss partial sum and gradient of one output block (MSE on a linear output)."""
-    diff = output - target
-    loss = float(np.sum(diff * diff))
+    """Loss partial sum and gradient of one output block (MSE on a linear output).
+
+    ``output`` is a new array of the calling task, not kept: the difference and
+    the gradient are taken in its memory, and the sum of squares in one pass.
+    """
+    diff = np.subtract(output, target, out=output)
+    loss = float(np.vdot(diff, diff))
     if not with_grad:
         return {"loss": loss}
-    diff *= diff.dtype.type(scale)  # a new array of this task: scaled in place, as diff * scale
+    diff *= diff.dtype.type(scale)  # as diff * scale
     return {"g": diff, "loss": loss}
 
 

@@ -5,15 +5,18 @@ For each net the benchmark trains a few steps with :class:`SerialTrainer`
 mode on grids of growing size, and with the dask.array peer
 (:class:`daskann.npt.peer.DaskArrayPeer`, dask's own ``@`` on the same chunks),
 all on the same cluster in one run. Time per step is the steady cost of one
-step: the median of the step-to-step intervals after a warm-up (resident mode:
-the median of the workers' own step times, since its history shares a run's
-wall time out over its steps); ``setup_s`` is the rest of the fit's wall time
+step: the time the steps after a warm-up took, over their number (resident
+mode: the median of the workers' own step times, since its history shares a
+run's wall time out over its steps); ``setup_s`` is the rest of the fit's wall time
 (placing data and weights, starting tasks, warm-up). Speedup is ``T1 / Tp``
 and efficiency ``E = T1 / (p * Tp)`` with ``p`` the number of worker processes
 the grid uses. Against the hardware, every row also gets
 ``hw_efficiency = flops / (Tp * cores * rate)``: the step's matrix-product
 flops over what the cluster's cores could do at the single-thread GEMM
-``rate`` measured on a worker in the same run (serial rows: one core).
+``rate`` measured on a worker in the same run (serial rows: one core): the
+faster of the probes at the start and the end of the run, and for the large
+net's rows the faster of the probes just before and just after the row, since
+a shared machine's speed drifts over a run of several minutes.
 
 It also asks the cost model which grid ``grid="auto"`` would take for each
 net and compares that grid's measured time with the best measured one.
@@ -155,10 +158,20 @@ def machine_info(client=None) -> dict:
     return info
 
 
-def _median_interval(times, warmup: int) -> float:
+def _steady_step(times, warmup: int) -> float:
+    """Seconds per step after ``warmup`` steps: the timed window's length over its step count.
+
+    ``times`` are the fit's cumulative times at the end of each step. Steps are
+    submitted ahead of their results, so a step whose result comes late
+    shortens the interval after it; the window's mean is the loop's throughput,
+    where the median of such intervals leans towards the long ones.
+    """
     times = np.asarray(times, dtype=float)
-    intervals = np.diff(np.concatenate([[0.0], times]))[warmup:]
-    return float(np.median(intervals)) if intervals.size else float("nan")
+    n = times.size - warmup
+    if n <= 0:
+        return float("nan")
+    start = times[warmup - 1] if warmup else 0.0
+    return float((times[-1] - start) / n)
 
 
 def _cells(grid: str) -> int:
@@ -190,6 +203,8 @@ class _Sweep:
     plans: dict = field(default_factory=dict)
     #: net -> [(serial, 1x1 resident) seconds per step], timed in turn
     pairs: dict = field(default_factory=dict)
+    #: single-thread GEMM rates probed between the large net's rows
+    probes: list = field(default_factory=list)
 
     @property
     def modes(self) -> list[str]:
@@ -228,7 +243,7 @@ class _Sweep:
             t0 = time.perf_counter()
             t = SerialTrainer(**_kwargs(net.sizes, net.batch, self.config)).fit(net.X, net.y, steps=steps + warmup)
             fit_s = time.perf_counter() - t0
-        seconds = _median_interval(t.history_["time"].values, warmup)
+        seconds = _steady_step(t.history_["time"].values, warmup)
         return self.record(net, "-", "serial", seconds, fit=(fit_s, steps + warmup))
 
     def more_pairs(self, net: _Net) -> None:
@@ -268,7 +283,7 @@ class _Sweep:
             key: float(np.nanmedian(h[key].values[warmup:])) for key in ("compute_time", "comm_time", "bytes_moved")
         }
         extra["probe_s"] = probe_s
-        seconds = _median_interval(h["time"].values, warmup)
+        seconds = _steady_step(h["time"].values, warmup)
         if t.mode_ == "resident":
             # the history shares each run's wall time (set-up included) out over its steps: take the
             # workers' own step times (arithmetic plus messages and waiting, slowest worker) instead
@@ -292,7 +307,7 @@ class _Sweep:
         t0 = time.perf_counter()
         out = DaskArrayPeer(self.client, (r, c), settings).fit(model, net.X, net.y, order, steps + warmup)
         fit_s = time.perf_counter() - t0
-        return self.record(net, grid, "dask", _median_interval(out["times"], warmup), fit=(fit_s, steps + warmup))
+        return self.record(net, grid, "dask", _steady_step(out["times"], warmup), fit=(fit_s, steps + warmup))
 
     def plan(self, cost, net: _Net) -> dict:
         """The grid and mode ``grid="auto"`` takes for ``net``, kept for the report."""
@@ -319,9 +334,9 @@ def run_bench(client, config: BenchConfig | None = None, *, log=print) -> dict:
     _paper_nets(run, cost)
     _large_net(run, cost)
     _width_sweep(run)
-    rates.append(gemm_rate(client, config.gemm_size, config.dtype))
+    rates += [*run.probes, gemm_rate(client, config.gemm_size, config.dtype)]  # in the order taken
     hardware = {
-        # the faster of the two: a GEMM slowed by other load on the machine would flatter every row
+        # the fastest probe: a GEMM slowed by other load on the machine would flatter every row
         "gemm_rate": max(rates),
         "gemm_rates": rates,
         "gemm_size": config.gemm_size,
@@ -429,18 +444,26 @@ def _large_net(run: _Sweep, cost) -> None:
     gflop = step_flops(net.sizes, net.batch) / 1e9
     run.log(f"{net.name}: sizes {net.sizes}, batch {net.batch}, {gflop:.4g} GFLOP per step")
     steps, warm = config.large_steps, config.large_warmup
-    run.serial(net, steps, warm)
+    probes = run.probes
+    probes.append(gemm_rate(run.client, config.gemm_size, config.dtype))
+
+    def side_by_side(row: dict) -> None:
+        # each row against the GEMM rate probed just before and just after it
+        probes.append(gemm_rate(run.client, config.gemm_size, config.dtype))
+        row["gemm_rate"] = max(probes[-2:])
+
+    side_by_side(run.serial(net, steps, warm))
     for grid in config.large_grids:
         if "graph" in run.modes:
-            run.npt(net, grid, "graph", steps, warm)
+            side_by_side(run.npt(net, grid, "graph", steps, warm))
         if "resident" in run.modes:
-            run.npt(net, grid, "resident", steps, warm)
+            side_by_side(run.npt(net, grid, "resident", steps, warm))
         if "dask" in run.modes and _cells(grid) > 1:
-            run.peer(net, grid, steps, warm)
+            side_by_side(run.peer(net, grid, steps, warm))
     run.plan(cost, net)
     if "auto" in config.modes:
         # always run it: its row is the one held against the hardware's bound
-        run.npt(net, "auto", "auto", steps, warm)
+        side_by_side(run.npt(net, "auto", "auto", steps, warm))
 
 
 def _width_sweep(run: _Sweep) -> None:
@@ -498,8 +521,12 @@ def _derive(table: list[dict], hardware: dict | None = None) -> None:
         if hardware is not None:
             # serial training runs on one core; everything else may use every core of the cluster
             r["cores"] = 1 if r["mode"] == "serial" else hardware["cores"]
-            r["bound_s"] = r["flops"] / (r["cores"] * hardware["gemm_rate"])
+            r["bound_s"] = r["flops"] / (r["cores"] * r.get("gemm_rate", hardware["gemm_rate"]))
             r["hw_efficiency"] = r["bound_s"] / r["time_per_step"] if r["time_per_step"] else float("nan")
+            # against the run's fastest probe, for the rows with probes of their own
+            r["hw_efficiency_run_peak"] = (
+                r["hw_efficiency"] * r.get("gemm_rate", hardware["gemm_rate"]) / hardware["gemm_rate"]
+            )
         t1 = serial.get(r["net"], float("nan"))
         r["speedup"] = t1 / r["time_per_step"] if r["time_per_step"] else float("nan")
         r["efficiency"] = r["speedup"] / r["p"]
@@ -557,6 +584,8 @@ def _check_bound(table: list[dict]) -> dict | None:
         "value": r["hw_efficiency"],
         "target": ">= 0.8",
         "met": bool(r["hw_efficiency"] >= 0.8),
+        "gemm_rate": r.get("gemm_rate"),
+        "value_run_peak": r["hw_efficiency_run_peak"],
         "grid": r["grid"],
         "mode": r["mode"],
         "step_s": r["time_per_step"],
@@ -829,7 +858,9 @@ def format_checks(checks: dict) -> str:
         lines.append(
             f"large net, grid='auto' ({c['grid']} {c['mode']}) against the hardware's bound: {c['value']:.3g} "
             f"(target {c['target']}: {'met' if c['met'] else 'NOT met'}); {c['step_s']:.3g} s per step of "
-            f"{c['gflop']:.4g} GFLOP, bound {c['bound_s']:.3g} s, set-up {_fmt(c['setup_s'])} s"
+            f"{c['gflop']:.4g} GFLOP, bound {c['bound_s']:.3g} s at {_fmt(c['gemm_rate'] and c['gemm_rate'] / 1e9)} "
+            f"GFLOP/s per core probed beside it ({c['value_run_peak']:.3g} at the run's fastest probe), "
+            f"set-up {_fmt(c['setup_s'])} s"
         )
     for net, c in checks.get("resident_1x1_vs_serial", {}).items():
         lines.append(
