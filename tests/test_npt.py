@@ -21,11 +21,11 @@ from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from daskann import SerialTrainer, TrainingDiverged, load_checkpoint
+from daskann.cluster import worker_addresses
 from daskann.data import make_linear
 from daskann.npt import GridMatrix, NPTTrainer, ProcessGrid, matmul, matmul_nt, matmul_tn
 from daskann.npt.cannon import plan_product
 from daskann.npt.costmodel import CostModel, candidate_grids, choose_grid
-from daskann.npt.grid import live_workers
 from daskann.npt.trainer import resident_available
 
 TOL = 1e-10
@@ -364,7 +364,7 @@ def test_graph_mode_replays_after_a_worker_dies(client4, regression):
     X, y = regression
     kwargs = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3)
     trainer = NPTTrainer((10,), grid="2x2", mode="graph", client=client4, timeout=60.0, **kwargs)
-    victim = live_workers(client4)[1]
+    victim = worker_addresses(client4)[1]
     errors = []
 
     def run():

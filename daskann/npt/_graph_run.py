@@ -29,10 +29,10 @@ import numpy as np
 from distributed import wait
 
 from daskann import config
-from daskann.cluster import current_client
+from daskann.cluster import current_client, worker_addresses
 from daskann.exceptions import WorkerLost
 from daskann.npt.graph_mode import GraphEngine
-from daskann.npt.grid import ProcessGrid, live_workers
+from daskann.npt.grid import ProcessGrid
 
 
 @dataclass
@@ -183,7 +183,7 @@ def _regrid(client, grid: ProcessGrid, timeout: float) -> ProcessGrid:
         client.wait_for_workers(wanted, timeout=min(config.seconds("npt.regrid-timeout"), timeout))
     except (TimeoutError, OSError):
         pass
-    workers = live_workers(client)
+    workers = worker_addresses(client)
     if not workers:
         raise RuntimeError("graph-mode training lost every worker of the cluster")
     return ProcessGrid.from_workers(grid.shape, workers, share_workers=True)
@@ -362,7 +362,7 @@ class _Watchdog:
         self.timeout = timeout
 
     def missing(self) -> list[str]:
-        alive = set(live_workers(self.client))
+        alive = set(worker_addresses(self.client))
         return sorted(self.workers - alive)
 
     def raise_if_lost(self, anchor, cause: BaseException | None = None) -> None:

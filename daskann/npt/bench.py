@@ -146,11 +146,11 @@ def machine_info(client=None) -> dict:
     except OSError:
         info["cpu_model"] = None
     if client is not None:
-        from daskann.npt.grid import live_workers
+        from daskann.cluster import worker_addresses
 
-        workers = live_workers(client)
+        workers = worker_addresses(client)
         info["workers"] = len(workers)
-        from daskann.npt.grid import worker_threads
+        from daskann.cluster import worker_threads
 
         info["threads_per_worker"] = sorted(set(worker_threads(client).values()))
         if workers:
@@ -319,12 +319,12 @@ class _Sweep:
 
 def run_bench(client, config: BenchConfig | None = None, *, log=print) -> dict:
     """Run the sweep on ``client``'s cluster; returns ``{"table", "checks", "machine", "config", "plans"}``."""
+    from daskann.cluster import worker_addresses
     from daskann.npt import costmodel
-    from daskann.npt.grid import live_workers
     from daskann.npt.trainer import resident_available
 
     config = config or BenchConfig()
-    run = _Sweep(client, config, len(live_workers(client)), resident_available(), log)
+    run = _Sweep(client, config, len(worker_addresses(client)), resident_available(), log)
     rates = [gemm_rate(client, config.gemm_size, config.dtype)]
     log(f"single-thread GEMM, n={config.gemm_size}: {rates[0] / 1e9:.3g} GFLOP/s")
     t0 = time.perf_counter()
@@ -381,9 +381,9 @@ def _gemm_seconds(n: int, dtype: str, repeats: int) -> float:
 
 def gemm_rate(client, n: int = 2048, dtype: str = "float64", repeats: int = 5) -> float:
     """Single-thread GEMM flop rate of one worker while the others are idle (the client's without workers)."""
-    from daskann.npt.grid import live_workers
+    from daskann.cluster import worker_addresses
 
-    workers = live_workers(client) if client is not None else []
+    workers = worker_addresses(client) if client is not None else []
     if workers:
         seconds = client.run(_gemm_seconds, n, dtype, repeats, workers=workers[:1])[workers[0]]
     else:
@@ -397,7 +397,7 @@ def _usable_cores() -> int:
 
 def cluster_cores(client) -> int:
     """Cores the cluster's workers can run on: per host, the fewer of its cores and its worker threads."""
-    from daskann.npt.grid import worker_threads
+    from daskann.cluster import worker_threads
 
     threads = worker_threads(client)
     cores = client.run(_usable_cores, workers=list(threads))
@@ -521,12 +521,10 @@ def _derive(table: list[dict], hardware: dict | None = None) -> None:
         if hardware is not None:
             # serial training runs on one core; everything else may use every core of the cluster
             r["cores"] = 1 if r["mode"] == "serial" else hardware["cores"]
-            r["bound_s"] = r["flops"] / (r["cores"] * r.get("gemm_rate", hardware["gemm_rate"]))
+            rate = r.get("gemm_rate", hardware["gemm_rate"])  # probed beside the row, or the run's fastest
+            r["bound_s"] = r["flops"] / (r["cores"] * rate)
             r["hw_efficiency"] = r["bound_s"] / r["time_per_step"] if r["time_per_step"] else float("nan")
-            # against the run's fastest probe, for the rows with probes of their own
-            r["hw_efficiency_run_peak"] = (
-                r["hw_efficiency"] * r.get("gemm_rate", hardware["gemm_rate"]) / hardware["gemm_rate"]
-            )
+            r["hw_efficiency_run_peak"] = r["hw_efficiency"] * rate / hardware["gemm_rate"]
         t1 = serial.get(r["net"], float("nan"))
         r["speedup"] = t1 / r["time_per_step"] if r["time_per_step"] else float("nan")
         r["efficiency"] = r["speedup"] / r["p"]

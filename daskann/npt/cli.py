@@ -115,9 +115,8 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     import numpy as np
 
     from daskann._validation import check_hidden_sizes, check_int
-    from daskann.cluster import close
+    from daskann.cluster import close, worker_addresses
     from daskann.npt import costmodel
-    from daskann.npt.grid import live_workers
     from daskann.npt.trainer import resident_available
 
     sizes = (check_int("n_features", n_features), *check_hidden_sizes(hidden), check_int("n_outputs", n_outputs))
@@ -125,7 +124,7 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     client = _connect(opts, quiet=True)
     try:
         model = costmodel.measure(client)
-        n_workers = len(live_workers(client))
+        n_workers = len(worker_addresses(client))
         table = model.plan(
             sizes,
             batch_size,

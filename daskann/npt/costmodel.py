@@ -274,9 +274,9 @@ def choose_grid(
 # -- measuring -----------------------------------------------------------------------
 def measure(client, *, refresh: bool = False) -> CostModel:
     """Measure (or fetch from the cache) the cost model of ``client``'s cluster."""
-    from daskann.npt.grid import live_workers
+    from daskann.cluster import worker_addresses
 
-    workers = live_workers(client)
+    workers = worker_addresses(client)
     if not workers:
         raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
     cache_key = (client.scheduler.address, tuple(workers))

@@ -19,11 +19,11 @@ def run_demo(client) -> dict:
     plus the grid, the mode and the largest relative difference of the
     weights from :class:`SerialTrainer` trained the same way.
     """
-    from daskann.npt.grid import live_workers
+    from daskann.cluster import worker_addresses
     from daskann.npt.trainer import NPTTrainer, resident_available
 
     data = load_dataset("digits", seed=0)
-    n_workers = len(live_workers(client))
+    n_workers = len(worker_addresses(client))
     grid = "1x2" if n_workers >= 2 else "1x1"
     mode = "resident" if resident_available() else "graph"
     steps = 100 if mode == "resident" else 20

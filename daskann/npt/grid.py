@@ -14,10 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from daskann._validation import check_int, invalid
-
-# the cluster's helpers, under the names npt's modules use
-from daskann.cluster import worker_addresses as live_workers  # noqa: F401
-from daskann.cluster import worker_threads  # noqa: F401
+from daskann.cluster import worker_addresses
 
 
 def split_sizes(n: int, parts: int) -> tuple[int, ...]:
@@ -102,7 +99,7 @@ class ProcessGrid:
     @classmethod
     def from_client(cls, client, grid, *, share_workers: bool = False) -> ProcessGrid:
         """Lay ``grid`` over the client's workers (sorted by worker name)."""
-        return cls.from_workers(grid, live_workers(client), share_workers=share_workers)
+        return cls.from_workers(grid, worker_addresses(client), share_workers=share_workers)
 
     @property
     def shape(self) -> tuple[int, int]:

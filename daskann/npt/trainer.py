@@ -172,9 +172,9 @@ class NPTTrainer(BaseTrainer):
 
     def _check_cluster(self, client, npt: dict) -> list[str]:
         """Worker checks that need the scheduler's view but submit nothing."""
-        from daskann.npt.grid import live_workers, worker_threads
+        from daskann.cluster import worker_addresses, worker_threads
 
-        workers = live_workers(client)
+        workers = worker_addresses(client)
         if not workers:
             raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
         if npt["deterministic"]:
@@ -338,9 +338,9 @@ class NPTTrainer(BaseTrainer):
         history = HistoryRecorder("step")
         history.extend_from(self.history_)
         with resolve_client(self.client) as client, current_client(client), self._run_lock():
-            from daskann.npt.grid import live_workers
+            from daskann.cluster import worker_addresses
 
-            alive = live_workers(client)
+            alive = worker_addresses(client)
             previous = self._live_grid_state()
             if not set(self.grid_.workers) <= set(alive):
                 self.grid_ = ProcessGrid.from_workers(self.grid_.shape, alive, share_workers=True)
@@ -493,10 +493,10 @@ class NPTTrainer(BaseTrainer):
         return state if next(iter(state.futures.values())).client.status == "running" else None
 
     def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
+        from daskann.cluster import worker_addresses
         from daskann.npt import costmodel
-        from daskann.npt.grid import live_workers
 
-        workers = live_workers(client)
+        workers = worker_addresses(client)
         itemsize = np.dtype(settings["dtype"]).itemsize
         batch = settings["batch_size"]
         available = resident_available()
@@ -716,8 +716,8 @@ class NPTTrainer(BaseTrainer):
         Returns the result, the checkpoint's path (or None), when the (successful) try began, and the tries
         of the stretch so far.
         """
+        from daskann.cluster import worker_addresses
         from daskann.npt._graph_run import _regrid
-        from daskann.npt.grid import live_workers
         from daskann.npt.resident import ResidentError, train_resident
 
         data = self._data
@@ -752,7 +752,7 @@ class NPTTrainer(BaseTrainer):
                     path = save(stop, state.layout.store_layout(state.dtype), state.save)
                 return result, path, seg_t0, attempts
             except ResidentError as exc:
-                alive = set(live_workers(client))
+                alive = set(worker_addresses(client))
                 if set(self.grid_.workers) <= alive:
                     raise
                 if restarts >= (max_restarts := config.count("npt.resident-restarts")):
