@@ -444,21 +444,25 @@ def test_store_layout_resume_and_refusal(tmp_path, client2):
     assert json.loads((store / "progress.json").read_text())["status"] == "converged"
 
 
-def test_non_finite_state_stops_and_keeps_the_store_consistent(tmp_path):
-    def phi(state, i):
-        return (state[0] * (np.inf if i == 37 else 0.99),)
+def _inf_at_step_38(state, i):
+    return (state[0] * (np.inf if i == 37 else 0.99),)
 
+
+@pytest.mark.parametrize("scheduler", ["sync", "distributed"])
+def test_non_finite_state_stops_and_keeps_the_store_consistent(scheduler, tmp_path, request):
+    # on a cluster the failing sweep's result never reaches the client: the tasks after it pass the failure on
     store = tmp_path / "t.zarr"
     with pytest.raises(MGRITDiverged) as info:
         MGRIT(
-            phi,
+            _inf_at_step_38,
             (np.ones(3),),
             64,
             levels=2,
             cfactor=4,
+            intervals_per_task=2,
             store=store,
             run_id="r",
-            scheduler="sync",
+            scheduler=request.getfixturevalue("client2") if scheduler == "distributed" else scheduler,
             max_iter=5,
             divergence_factor=None,
         ).solve()
@@ -583,7 +587,36 @@ def test_tasks_are_handed_chunks_not_their_neighbours_whole_output(client2, tmp_
     piece = _piece(result, "c0", (1,), 2, 6)
     assert [(b[0], b[1], b[2]) for b in piece["blocks"]] == [("c0", (1,), 4)]
     assert np.shares_memory(piece["blocks"][0][4], rows) and np.array_equal(piece["blocks"][0][4], rows[:2])
-    assert _piece({"ok": False, "level": 0}, "c0", (1,), 2, 6) == {"ok": False, "skipped": True}
+    # a failed writer's result is its failure, handed on as it is
+    assert _piece({"ok": False, "level": 0, "order": 3}, "c0", (1,), 2, 6) == {"ok": False, "level": 0, "order": 3}
+
+
+def test_only_pieces_that_cross_workers_are_tasks_of_their_own():
+    from daskann.mgrit._executors import _graph, _homes, _piece, _piece_key, reported
+    from daskann.mgrit._levels import Hierarchy
+    from daskann.mgrit._plan import Planner
+
+    h = Hierarchy(64, (4, 4))
+    options = {"cf_iter": [1, 1], "weight_c": [1.0, 1.0], "cycle_type": "V", "store_fine": False, "blocks": (2, 2)}
+    tasks = Planner(h, options, lambda level: 1.0, "p").iteration(1)
+    home = _homes(tasks, str, ["tcp://a", "tcp://b"], h.n_steps)
+    graph = _graph(tasks, None, None, home=home)
+    crossing = inline = 0
+    for t in tasks:
+        for arg in graph[t.key][4:]:
+            if isinstance(arg, tuple):  # cut inside the task from a result in its own process
+                assert arg[0] is _piece and home[arg[1]] == home[t.key]
+                inline += 1
+            else:  # a task beside the writer: only that chunk moves to this worker
+                assert graph[arg][0] is _piece and home[graph[arg][1]] != home[t.key]
+                assert arg == _piece_key(*graph[arg][1:])
+                crossing += 1
+    assert inline > crossing > 0
+    # the client fetches the final sweep's results (its rows are in the store), not one summary per task
+    assert reported(tasks) == [t for t in tasks if t.final] and len(reported(tasks)) < len(tasks) / 3
+    assert not [key for key in graph if key.endswith("-summary")]
+    # without workers (threads, sync) every piece is cut inside its task
+    assert not [key for key, task in _graph(tasks, None, None).items() if task[0] is _piece]
 
 
 _SWEEP_KEY = re.compile(r"-it\d+-\d{4}-L(\d)-(?:[CFR]-q(\d+)|handoff-s(\d+)|coarse)$")

@@ -50,12 +50,15 @@ class InProcessExecutor:
     def release(self, run: str) -> None:
         pass
 
-    def run(self, tasks) -> dict:
+    def run(self, tasks, while_running=None) -> dict:
+        """The results of all ``tasks``, by key; then ``while_running()``, when given (nothing runs beside it)."""
         results = {}
         with one_blas_thread():
             for task in tasks:
                 deps = [results[d] for d in task.deps]
                 results[task.key] = task.func(task.spec, self.store, self.context, *deps)
+        if while_running is not None:
+            while_running()
         return results
 
     def close(self) -> None:
@@ -95,14 +98,26 @@ class DaskExecutor:
         else:
             raise invalid("scheduler", scheduler, "a distributed.Client, 'threads' or 'sync'", TypeError)
 
-    def run(self, tasks) -> dict:
-        keys = [t.key for t in tasks]
+    def run(self, tasks, while_running=None) -> dict:
+        """The results of the :func:`reported` tasks of ``tasks``, by key.
+
+        ``while_running()``, when given, is called once while the cluster
+        computes (the client's own bookkeeping then costs the iteration
+        nothing); on the local schedulers, before they start.
+        """
+        keys = [t.key for t in reported(tasks)]
         if self.name == "distributed":
+            pending = [while_running] if while_running is not None else []
+
+            def once():  # an iteration placed or run again does not call it again
+                while pending:
+                    pending.pop()()
+
             attempts = config.count("mgrit.context-attempts")
             attempt = broadcasts = placements = 0
             while True:
                 try:
-                    values = self._run_distributed(tasks, attempt)
+                    values = self._run_distributed(tasks, attempt, once)
                     break
                 except _WorkersLeft:
                     # a task waits for the worker it is placed on: place the iteration on the workers there are
@@ -124,8 +139,10 @@ class DaskExecutor:
                     self._context = self._broadcast()
                 attempt += 1
         else:
+            if while_running is not None:
+                while_running()
             graph = _graph(tasks, self.store, self._context)
-            wanted = [_summary_key(k) for k in keys]
+            wanted = [_fetched_key(t, str) for t in reported(tasks)]
             with one_blas_thread():
                 if self.name == "threads":
                     values = dask.threaded.get(graph, wanted, num_workers=self.num_workers)
@@ -180,24 +197,26 @@ class DaskExecutor:
         client.replicate([future])
         return future
 
-    def _run_distributed(self, tasks, attempt: int) -> list:
+    def _run_distributed(self, tasks, attempt: int, while_running=None) -> list:
         def name(key):  # a rerun uses new keys: the cancelled ones may still be forgotten by the scheduler
             return key if attempt == 0 else f"{key}-retry{attempt}"
 
         workers = self._workers()
-        graph = _graph(tasks, self.store, self._context, name)
-        graph = _placed(graph, tasks, name, workers, self._raw_context.hierarchy.n_steps)
-        keys = [_summary_key(name(t.key)) for t in tasks]
+        home = _homes(tasks, name, workers, self._raw_context.hierarchy.n_steps) if workers else None
+        graph = _placed(_graph(tasks, self.store, self._context, name, home), home)
+        keys = [_fetched_key(t, name) for t in reported(tasks)]
         futures = self.scheduler.get(graph, keys, sync=False)
         deadline = time.monotonic() + self.timeout
         values = []
         try:
+            if while_running is not None:
+                while_running()
             for future in futures:
                 values.append(self._result(future, deadline, workers))
         except TimeoutError:
             self.scheduler.cancel(futures)
             raise TimeoutError(
-                f"timeout={self.timeout:g}: an MGRIT iteration ({len(keys)} tasks) did not finish in time; "
+                f"timeout={self.timeout:g}: an MGRIT iteration ({len(tasks)} tasks) did not finish in time; "
                 "the store keeps the last completed iteration"
             ) from None
         except BaseException:
@@ -255,31 +274,63 @@ def _noop(_previous) -> None:
     return None
 
 
-def _graph(tasks, store, context, name=lambda key: key) -> dict:
-    """Each task, handed its dependencies' results, and a small summary of it for the client.
+def _graph(tasks, store, context, name=lambda key: key, home=None) -> dict:
+    """Each task, handed its dependencies' results, and a small summary of the results the client fetches.
 
-    The client asks for the summaries only: the rows a task computes go from
-    worker to worker (to the tasks that read them) and are released once read.
-    A task is handed the rows it reads as pieces of its writers' results (a
-    small task beside each writer, one per run of adjacent chunks), so a
-    task that needs one boundary row of its neighbour receives that row's
-    chunk, not the neighbour's whole output.
+    The client fetches the results of the :func:`reported` tasks only, as
+    they are for a final sweep (its rows went to the store) and as a summary
+    otherwise: the rows a task computes go from worker to worker (to the
+    tasks that read them) and are released once read.
+
+    A task is handed the rows it reads as pieces of its writers' results, so
+    a task that needs one boundary row of its neighbour receives that row's
+    chunk, not the neighbour's whole output. A piece of a result on another
+    worker is a small task beside its writer (one per run of adjacent
+    chunks); a piece of a result in the task's own process (``home``: the
+    worker of each key, as :func:`_placed` places them; every result when
+    ``home`` is None) is cut inside the task, which spares the scheduler a
+    task and a round trip on the path from one sweep to the next.
     """
     graph = {}
     for t in tasks:
         key = name(t.key)
         pieces = []
         for writer, (array, lead, lo, hi) in _merged(t.pieces):
-            piece = _piece_key(name(writer), array, lead, lo, hi)
-            graph.setdefault(piece, (_piece, name(writer), array, lead, lo, hi))
+            piece = (_piece, name(writer), array, lead, lo, hi)
+            if home is not None and home[name(writer)] != home[key]:
+                graph.setdefault(_piece_key(*piece[1:]), piece)
+                piece = _piece_key(*piece[1:])
             pieces.append(piece)
         graph[key] = (t.func, t.spec, store, context, *pieces)
-        graph[_summary_key(key)] = (_summary, key)
+    for t in reported(tasks):
+        if not t.final:
+            graph[_summary_key(name(t.key))] = (_summary, name(t.key))
     return graph
 
 
-def _placed(graph: dict, tasks, name, workers: list[str], n_steps: int) -> HighLevelGraph:
-    """``graph`` with each task on the worker that owns its range of time (:func:`~daskann.mgrit._plan.owner`).
+def reported(tasks) -> list:
+    """The tasks whose results the client fetches: the final sweep's, and any other that no task reads.
+
+    A task after a failed one is skipped and passes the failure on
+    (:func:`~daskann.mgrit._kernels.first_failure`), so every failure
+    reaches one of these; and a final sweep's result is small, its rows
+    written to the store.
+    """
+    read = {d for t in tasks for d in t.data_deps}
+    return [t for t in tasks if t.final or t.key not in read]
+
+
+def _fetched_key(task, name) -> str:
+    return name(task.key) if task.final else _summary_key(name(task.key))
+
+
+def _homes(tasks, name, workers: list[str], n_steps: int) -> dict:
+    """The worker each task runs on: the owner of its range of time (:func:`~daskann.mgrit._plan.owner`)."""
+    return {name(t.key): workers[owner(t.start, n_steps, len(workers))] for t in tasks}
+
+
+def _placed(graph: dict, home: dict) -> HighLevelGraph:
+    """``graph`` with each task on its worker in ``home`` (:func:`_homes`).
 
     Each worker then reads its own rows and only those at the ends of its
     range move. A piece or a summary runs beside the result it reads (left
@@ -289,9 +340,8 @@ def _placed(graph: dict, tasks, name, workers: list[str], n_steps: int) -> HighL
     for it, so the executor places the iteration again as soon as one of
     the workers it was placed on has left (:meth:`DaskExecutor._result`).
     """
-    if not workers:
+    if not home:
         return HighLevelGraph.from_collections("mgrit", graph)
-    home = {name(t.key): workers[owner(t.start, n_steps, len(workers))] for t in tasks}
     parts: dict[str | None, dict] = {}
     for key, value in graph.items():
         # a piece (_piece, writer, ...) or a summary (_summary, task) goes where the result it reads is
@@ -333,7 +383,7 @@ def _piece_key(writer: str, array: str, lead: tuple, lo: int, hi: int) -> str:
 def _piece(result: dict, array: str, lead: tuple, lo: int, hi: int) -> dict:
     """Rows ``lo .. hi - 1`` of ``array`` (leading indices ``lead``) from a task's result, as views."""
     if not result.get("ok", True):
-        return {"ok": False, "skipped": True}
+        return result  # the failure (small), for the reader to pass on
     blocks = []
     for name, block_lead, first, rank, values in result.get("blocks", ()):
         a, b = max(lo, first), min(hi, first + len(values))

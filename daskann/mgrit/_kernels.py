@@ -223,11 +223,22 @@ def finite(y: np.ndarray) -> bool:
     return bool(np.isfinite(y @ y)) or bool(np.isfinite(y).all())
 
 
-def _failed(deps) -> bool:
-    return any(d is not None and not d.get("ok", True) for d in deps)
+def _skipped(deps) -> dict | None:
+    """The result of a task that does not run because a dependency failed (None when none did).
+
+    It passes on the earliest failure among its dependencies (by task
+    order) as its ``"cause"``, so that the failure of any task reaches the
+    client through the few results it fetches.
+    """
+    failed = [d for d in deps if d is not None and not d.get("ok", True)]
+    return {"ok": False, "skipped": True, "cause": first_failure(failed)} if failed else None
 
 
-SKIPPED = {"ok": False, "skipped": True}
+def first_failure(results) -> dict | None:
+    """The earliest failure (by task order) among task results and the causes they pass on, or None."""
+    causes = [r.get("cause") if r.get("skipped") else r for r in results if not r.get("ok", True)]
+    known = [c for c in causes if c is not None]
+    return min(known, key=lambda c: c["order"]) if known else None
 
 
 def _cvalues(store, ctx: Context, spec: SweepSpec, first: int, last: int) -> list[np.ndarray]:
@@ -417,7 +428,8 @@ def run_handoff(spec: HandoffSpec, store, ctx: Context, *deps) -> dict:
     with _KEPT_LOCK:
         blocks = _KEPT.get(spec.token)
     if blocks is None:
-        return {"ok": False, "stale": True, "level": 0, "step": 0, "what": "the kept C-values are gone"}
+        gone = "the kept C-values are gone"
+        return {"ok": False, "stale": True, "level": 0, "step": 0, "what": gone, "order": spec.order}
     # the rows are read, never written: the same arrays serve a recomputed reader
     return {"ok": True, "residuals": [], "last": None, "blocks": [(*b[:3], spec.order, b[4]) for b in blocks]}
 
@@ -432,8 +444,8 @@ def _done(result: dict, store) -> dict:
 
 def run_sweep(spec: SweepSpec, store, ctx: Context, *deps) -> dict:
     """Relax intervals ``q0 .. q1 - 1`` of one level; see :class:`SweepSpec`."""
-    if _failed(deps):
-        return SKIPPED
+    if (skipped := _skipped(deps)) is not None:
+        return skipped
     t0, cpu0 = time.perf_counter(), time.thread_time()
     timed = _Timed(_task_store(store, spec, ctx, deps))
     with heap_for_blocks():  # the store's encoding buffers too
@@ -441,7 +453,7 @@ def run_sweep(spec: SweepSpec, store, ctx: Context, *deps) -> dict:
             with np.errstate(all="ignore"):
                 writes, residuals, last = _sweep_block(spec, timed, ctx)
         except StepFailed as exc:
-            return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what}
+            return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what, "order": spec.order}
         for name, index, value in writes:
             timed.write(name, index, value)
     if spec.keep is not None and getattr(timed.store, "kept", None):
@@ -551,8 +563,8 @@ def _sweep_block(spec: SweepSpec, store, ctx: Context):
 
 def run_coarse(spec: CoarseSpec, store, ctx: Context, *deps) -> dict:
     """Sequential forward solve ``u_p = g_p + Phi(u_{p-1})`` on the coarsest level."""
-    if _failed(deps):
-        return SKIPPED
+    if (skipped := _skipped(deps)) is not None:
+        return skipped
     t0, cpu0 = time.perf_counter(), time.thread_time()
     store = _Timed(_task_store(store, spec, ctx, deps))
     level = spec.level
@@ -565,7 +577,7 @@ def run_coarse(spec: CoarseSpec, store, ctx: Context, *deps) -> dict:
             for p in range(1, n + 1):
                 x = ctx.phi(x, level, p - 1, None if g is None else g[p - 1], out=out[p - 1])
     except StepFailed as exc:
-        return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what}
+        return {"ok": False, "level": exc.level, "step": exc.step, "what": exc.what, "order": spec.order}
     store.write(f"u{level}", slice(0, n), out)
     result = {
         "ok": True,

@@ -19,7 +19,7 @@ import numpy as np
 from daskann.mgrit import _store, workmodel
 from daskann.mgrit._errors import MGRITDiverged
 from daskann.mgrit._executors import DaskExecutor, InProcessExecutor
-from daskann.mgrit._kernels import Context
+from daskann.mgrit._kernels import Context, first_failure
 from daskann.mgrit._plan import Planner, task_sizes
 
 
@@ -186,16 +186,23 @@ class SolveRun:
         """Run iteration ``k``: its record and the residual norm at each fine C-point."""
         nested = self.opt["nested_iteration"] and k == 1
         tasks = self.planner.iteration(k, nested=nested)
+        light: list = []
+
+        def plan_model():  # the work model's graph (one task per interval): nothing runs, nothing waits for it
+            light.extend(_LightTask(t.key, t.cost, t.deps) for t in self.model.iteration(k, nested=nested))
+
+        # on a cluster it is planned while the tasks run; in this process, after them and outside their time
+        beside = plan_model if self.executor.name == "distributed" else None
         t0 = time.perf_counter()
-        results = self.executor.run(tasks)
-        if any(r.get("stale") for r in results.values()):
+        results = self.executor.run(tasks, while_running=beside)
+        if (failure := first_failure(results.values())) is not None and failure.get("stale"):
             # a worker that kept C-values for this iteration left: start it again from the committed C-points
             tasks = self._replan().iteration(k, nested=nested)
             results = self.executor.run(tasks)
         seconds = time.perf_counter() - t0
-        failure = next(
-            (results[t.key] for t in tasks if not results[t.key]["ok"] and not results[t.key].get("skipped")), None
-        )
+        if beside is None:
+            plan_model()
+        failure = first_failure(results.values())
         if failure is not None:
             self.fail(failure, k)
         finals = [results[t.key] for t in tasks if t.final]
@@ -203,7 +210,6 @@ class SolveRun:
         residual = _temporal_norm(norms, self.opt["t_norm"]) if self.hierarchy.n_levels > 1 else 0.0
         self.norms = norms  # per C-point residuals: how far the trajectory can be trusted
         self.state_vec = next(f["last"] for f in finals if f["last"] is not None)
-        light = [_LightTask(t.key, t.cost, t.deps) for t in self.model.iteration(k, nested=nested)]
         self.graphs.append(light)
         record = IterationRecord(
             residual,
