@@ -469,6 +469,11 @@ def close(c: Client) -> None:
     c.close()
     if cluster is not None:
         cluster.close()
+        # dask-jobqueue keeps the workers' TLS keys in open temporary files in the shared folder for as long as
+        # the cluster object lives: remove them with the cluster rather than whenever it is collected
+        for name, value in list(vars(cluster).items()):
+            if name.startswith("_job_") and hasattr(value, "close"):
+                value.close()
 
 
 @contextlib.contextmanager

@@ -163,6 +163,8 @@ def test_client_from_tls_profile(tmp_path):
     finally:
         close(c)
     assert cluster.status.name == "closed"
+    # the workers' keys do not outlive the cluster in the shared folder
+    assert not list((tmp_path / "keys").glob(".dask-jobqueue.worker.*"))
 
 
 def test_profiles_ship_as_package_data():
