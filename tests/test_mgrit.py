@@ -600,7 +600,7 @@ def test_only_pieces_that_cross_workers_are_tasks_of_their_own():
     options = {"cf_iter": [1, 1], "weight_c": [1.0, 1.0], "cycle_type": "V", "store_fine": False, "blocks": (2, 2)}
     tasks = Planner(h, options, lambda level: 1.0, "p").iteration(1)
     home = _homes(tasks, str, ["tcp://a", "tcp://b"], h.n_steps)
-    graph = _graph(tasks, None, None, home=home)
+    graph = _graph(tasks, reported(tasks), None, None, home=home)
     crossing = inline = 0
     for t in tasks:
         for arg in graph[t.key][4:]:
@@ -616,7 +616,7 @@ def test_only_pieces_that_cross_workers_are_tasks_of_their_own():
     assert reported(tasks) == [t for t in tasks if t.final] and len(reported(tasks)) < len(tasks) / 3
     assert not [key for key in graph if key.endswith("-summary")]
     # without workers (threads, sync) every piece is cut inside its task
-    assert not [key for key, task in _graph(tasks, None, None).items() if task[0] is _piece]
+    assert not [key for key, task in _graph(tasks, reported(tasks), None, None).items() if task[0] is _piece]
 
 
 _SWEEP_KEY = re.compile(r"-it\d+-\d{4}-L(\d)-(?:[CFR]-q(\d+)|handoff-s(\d+)|coarse)$")

@@ -105,7 +105,8 @@ class DaskExecutor:
         computes (the client's own bookkeeping then costs the iteration
         nothing); on the local schedulers, before they start.
         """
-        keys = [t.key for t in reported(tasks)]
+        shown = reported(tasks)
+        keys = [t.key for t in shown]
         if self.name == "distributed":
             pending = [while_running] if while_running is not None else []
 
@@ -117,7 +118,7 @@ class DaskExecutor:
             attempt = broadcasts = placements = 0
             while True:
                 try:
-                    values = self._run_distributed(tasks, attempt, once)
+                    values = self._run_distributed(tasks, shown, attempt, once)
                     break
                 except _WorkersLeft:
                     # a task waits for the worker it is placed on: place the iteration on the workers there are
@@ -141,8 +142,8 @@ class DaskExecutor:
         else:
             if while_running is not None:
                 while_running()
-            graph = _graph(tasks, self.store, self._context)
-            wanted = [_fetched_key(t, str) for t in reported(tasks)]
+            graph = _graph(tasks, shown, self.store, self._context)
+            wanted = [_fetched_key(t, str) for t in shown]
             with one_blas_thread():
                 if self.name == "threads":
                     values = dask.threaded.get(graph, wanted, num_workers=self.num_workers)
@@ -197,14 +198,14 @@ class DaskExecutor:
         client.replicate([future])
         return future
 
-    def _run_distributed(self, tasks, attempt: int, while_running=None) -> list:
+    def _run_distributed(self, tasks, shown, attempt: int, while_running=None) -> list:
         def name(key):  # a rerun uses new keys: the cancelled ones may still be forgotten by the scheduler
             return key if attempt == 0 else f"{key}-retry{attempt}"
 
         workers = self._workers()
         home = _homes(tasks, name, workers, self._raw_context.hierarchy.n_steps) if workers else None
-        graph = _placed(_graph(tasks, self.store, self._context, name, home), home)
-        keys = [_fetched_key(t, name) for t in reported(tasks)]
+        graph = _placed(_graph(tasks, shown, self.store, self._context, name, home), home)
+        keys = [_fetched_key(t, name) for t in shown]
         futures = self.scheduler.get(graph, keys, sync=False)
         deadline = time.monotonic() + self.timeout
         values = []
@@ -274,10 +275,10 @@ def _noop(_previous) -> None:
     return None
 
 
-def _graph(tasks, store, context, name=lambda key: key, home=None) -> dict:
+def _graph(tasks, shown, store, context, name=lambda key: key, home=None) -> dict:
     """Each task, handed its dependencies' results, and a small summary of the results the client fetches.
 
-    The client fetches the results of the :func:`reported` tasks only, as
+    The client fetches the results of the tasks ``shown`` only (:func:`reported`), as
     they are for a final sweep (its rows went to the store) and as a summary
     otherwise: the rows a task computes go from worker to worker (to the
     tasks that read them) and are released once read.
@@ -302,7 +303,7 @@ def _graph(tasks, store, context, name=lambda key: key, home=None) -> dict:
                 piece = _piece_key(*piece[1:])
             pieces.append(piece)
         graph[key] = (t.func, t.spec, store, context, *pieces)
-    for t in reported(tasks):
+    for t in shown:
         if not t.final:
             graph[_summary_key(name(t.key))] = (_summary, name(t.key))
     return graph

@@ -195,14 +195,15 @@ class SolveRun:
         beside = plan_model if self.executor.name == "distributed" else None
         t0 = time.perf_counter()
         results = self.executor.run(tasks, while_running=beside)
-        if (failure := first_failure(results.values())) is not None and failure.get("stale"):
+        failure = first_failure(results.values())
+        if failure is not None and failure.get("stale"):
             # a worker that kept C-values for this iteration left: start it again from the committed C-points
             tasks = self._replan().iteration(k, nested=nested)
             results = self.executor.run(tasks)
+            failure = first_failure(results.values())
         seconds = time.perf_counter() - t0
         if beside is None:
             plan_model()
-        failure = first_failure(results.values())
         if failure is not None:
             self.fail(failure, k)
         finals = [results[t.key] for t in tasks if t.final]
