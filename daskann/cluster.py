@@ -108,6 +108,21 @@ def check_address(address: str, *, security: Security | None = None, insecure: b
     return address
 
 
+def _worker_config() -> dict[str, str]:
+    """Dask settings of the workers daskann starts (dotted keys): the profiler's sampling interval.
+
+    From ``daskann.cluster.worker-profile-interval``; empty when that is null,
+    so that Dask's own ``distributed.worker.profile.interval`` applies.
+    """
+    key = "cluster.worker-profile-interval"
+    if config.get(key) is None:
+        return {}
+    seconds = config.seconds(key)
+    if not seconds > 0:
+        raise invalid(f"daskann.{key}", config.get(key), "a positive duration such as '100ms', or null")
+    return {"distributed.worker.profile.interval": f"{seconds * 1000:g}ms"}
+
+
 def _worker_environ() -> dict[str, str]:
     """Dask's pre-spawn environment (memory trimming, ...) with every BLAS on one thread, one malloc arena."""
     base = dask.config.get("distributed.nanny.pre-spawn-environ", default={}) or {}
@@ -140,6 +155,12 @@ def local_cluster(
         ``True`` for a temporary self-signed TLS setup (``tls://127.0.0.1``).
     **kwargs
         Passed to :class:`distributed.LocalCluster` (not ``host`` nor ``processes``).
+        ``config``, Dask settings for the workers, is added to daskann's own.
+
+    Notes
+    -----
+    The workers sample their threads for the dashboard's Profile page every
+    ``daskann.cluster.worker-profile-interval`` (100 ms; Dask's default is 10 ms).
     """
     for fixed in ("host", "processes", "dashboard_address", "ip"):
         if fixed in kwargs:
@@ -148,6 +169,8 @@ def local_cluster(
             )
     threads_per_worker = check_int("threads_per_worker", threads_per_worker)
     n_workers = check_int("n_workers", n_workers if n_workers is not None else _default_workers(threads_per_worker))
+    # each nanny hands its worker this configuration (workers added later by scale() too)
+    worker_config = {**_worker_config(), **(kwargs.pop("config", None) or {})}
     # Nannies read the pre-spawn environment when created, i.e. inside LocalCluster(...);
     # BLAS reads it when loaded, which may be before Worker code runs, hence pre-spawn.
     environ = _worker_environ()
@@ -166,6 +189,7 @@ def local_cluster(
             security=security,
             # also in the worker spec, so workers added later by scale() keep one BLAS thread
             env=dict(WORKER_ENVIRON),
+            config=worker_config,
             **kwargs,
         )
     return cluster
@@ -358,6 +382,9 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
     # worker environment: one BLAS thread each and one malloc arena, as on the embedded cluster
     prologue = [str(line) for line in options.pop("job_script_prologue", None) or []]
     prologue += [f"export {k}={v}" for k, v in WORKER_ENVIRON.items()]
+    # Dask settings as environment variables (DASK_DISTRIBUTED__WORKER__...), read by the job's nanny
+    for key, value in _worker_config().items():
+        prologue.append(f"export DASK_{key.upper().replace('.', '__').replace('-', '_')}={value}")
     options["job_script_prologue"] = prologue
     cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[spec["kind"]])
     return cls(**options), spec["scale"]

@@ -42,7 +42,14 @@ def get(key: str):
 
 def seconds(key: str) -> float:
     """A duration setting (``"500ms"``, ``"30s"``, or a number of seconds) in seconds."""
-    return float(parse_timedelta(get(key), default="seconds"))
+    value = get(key)
+    try:
+        return float(parse_timedelta(value, default="seconds"))
+    except (KeyError, TypeError, ValueError):  # dask raises KeyError for an unknown unit
+        raise ValueError(
+            f"daskann.{key}={value!r} is not valid: expected a duration such as '500ms' or '30s' "
+            "(check dask.config.set calls, DASK_DASKANN__ variables and Dask's YAML files)"
+        ) from None
 
 
 def count(key: str) -> int:

@@ -297,6 +297,31 @@ def test_session_cluster_workers_one_thread_and_blas(client2):
     }
     env = client2.run(lambda: {k: os.environ.get(k) for k in expected})
     assert all(v == expected for v in env.values()), env
+    # the profiler samples at daskann's interval; Dask's other settings are the client's
+    settings = client2.run(
+        lambda dask_worker: (
+            dask_worker.periodic_callbacks["profile"].callback_time,
+            dask.config.get("distributed.comm.timeouts.connect"),
+        )
+    )
+    assert set(settings.values()) == {(100.0, "30s")}, settings
+
+
+def test_worker_profile_interval_setting(tmp_path):
+    with dask.config.set({"daskann.cluster.worker-profile-interval": "soon"}):
+        with pytest.raises(ValueError, match=r"daskann\.cluster\.worker-profile-interval='soon' is not valid"):
+            local_cluster(1)
+    _needs_jobqueue()
+    profile = tmp_path / "site.yaml"
+    profile.write_text("kind: slurm\ncluster: {cores: 1, memory: 1GB}\nscale: {jobs: 1}\n")
+    for interval, line in (("250ms", "export DASK_DISTRIBUTED__WORKER__PROFILE__INTERVAL=250ms"), (None, None)):
+        with dask.config.set({"daskann.cluster.worker-profile-interval": interval}):
+            cluster, _ = jobqueue_cluster(profile, scheduler_options=LOOPBACK_SCHEDULER)
+        try:
+            exports = [x for x in cluster.job_script().splitlines() if "PROFILE__INTERVAL" in x]
+            assert exports == ([line] if line else []), exports  # null: Dask's own setting
+        finally:
+            cluster.close()
 
 
 def test_local_cluster_refuses_other_hosts():

@@ -18,6 +18,7 @@ from daskann.cluster import client
 # every setting the package reads, with its shipped default in seconds or as a count
 SECONDS = {
     "cluster.connect-timeout": 10.0,
+    "cluster.worker-profile-interval": 0.1,
     "npt.poll-interval": 0.5,
     "npt.settle-time": 3.0,
     "npt.regrid-timeout": 30.0,
@@ -58,6 +59,9 @@ def test_dask_config_set_is_seen_at_call_time():
     with dask.config.set({"daskann.mgrit.context-attempts": -1}):
         with pytest.raises(ValueError, match=r"daskann.mgrit.context-attempts=-1 is not valid"):
             config.count("mgrit.context-attempts")
+    with dask.config.set({"daskann.npt.poll-interval": "soon"}):
+        with pytest.raises(ValueError, match=r"daskann.npt.poll-interval='soon' is not valid: expected a duration"):
+            config.seconds("npt.poll-interval")
 
 
 def test_connect_timeout_setting_bounds_the_wait():
