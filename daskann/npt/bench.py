@@ -555,7 +555,11 @@ def _checks(table: list[dict], plans: dict, pairs: dict | None = None) -> dict:
 
 
 def _check_large(table: list[dict], rows: dict) -> dict | None:
-    """The large net's graph mode against the dask.array peer (which must be in the same run)."""
+    """The large net's graph mode against the dask.array peer (which must be in the same run).
+
+    Reported without a target: when both are compute-bound the limit is the
+    hardware, held against :func:`_check_bound`, not the peer.
+    """
     large = [
         r for r in table if r["net"].startswith("large-") and r["mode"] == "graph" and (r["net"], "2x2", "dask") in rows
     ]
@@ -564,8 +568,6 @@ def _check_large(table: list[dict], rows: dict) -> dict | None:
     r = large[0]
     return {
         "value": r["vs_peer"],
-        "target": "<= 0.8",
-        "met": bool(r["vs_peer"] <= 0.8),
         "graph_s": r["time_per_step"],
         "peer_s": rows.get((r["net"], "2x2", "dask"), {}).get("time_per_step"),
         "serial_s": r["time_per_step"] * r["speedup"],
@@ -847,9 +849,8 @@ def format_checks(checks: dict) -> str:
     c = checks.get("large_graph_vs_peer")
     if c:
         lines.append(
-            f"large net, 2x2 graph / dask.array peer: {c['value']:.3g} (target {c['target']}: "
-            f"{'met' if c['met'] else 'NOT met'}); graph {c['graph_s']:.3g} s, peer {c['peer_s']:.3g} s, "
-            f"serial {c['serial_s']:.3g} s per step"
+            f"large net, 2x2 graph / dask.array peer: {c['value']:.3g} (graph {c['graph_s']:.3g} s, "
+            f"peer {c['peer_s']:.3g} s, serial {c['serial_s']:.3g} s per step)"
         )
     c = checks.get("large_bound")
     if c:
