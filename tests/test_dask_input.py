@@ -20,6 +20,7 @@ from conftest import scheduler_watch
 from dask.sizeof import sizeof
 from distributed import Client
 
+from daskann import SerialTrainer
 from daskann._validation import check_features, check_targets
 from daskann.cli import main
 from daskann.data import make_linear
@@ -264,3 +265,20 @@ def test_mgrit_serial_fallback_reads_dask_data_on_a_worker(client2):
     assert got.result_.ended == expected.result_.ended == "serial-fallback"
     for a, b in zip(expected.model_.params, got.model_.params, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.filterwarnings("ignore::daskann.exceptions.MGRITDidNotPay")
+def test_mgrit_without_momentum_takes_the_last_gradient_on_a_worker(problem, client2):
+    # without momentum the solve's state holds no velocity: the last step's gradient is taken where the data is
+    X, y, _ = problem
+    settings = dict(batch_size=16, lr=0.01, momentum=0.0, seed=0)
+    serial = SerialTrainer((8,), **settings).fit(X, y, steps=32)
+    settings.update(levels=2, cfactor=4, client=client2)
+    expected = MGRITTrainer((8,), **settings).fit(X, y, steps=32)
+    got = MGRITTrainer((8,), **settings).fit(da.from_array(X, chunks=(25, 5)), da.from_array(y, chunks=17), steps=32)
+    assert got.result_.ended == "converged"
+    pairs = zip(expected.model_.params + expected.velocity_, got.model_.params + got.velocity_, strict=True)
+    for a, b in pairs:
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(got.velocity_, serial.velocity_, strict=True):
+        assert np.linalg.norm(a - b) <= 1e-9 * np.linalg.norm(b)

@@ -109,13 +109,17 @@ def _nan_coarse(state, start, stop, level):
     return tuple(np.full_like(a, np.nan) for a in state)
 
 
-def test_coarse_propagator_returning_nan_is_handled():
+@pytest.mark.parametrize("momentum", [0.5, 0.0])
+def test_coarse_propagator_returning_nan_is_handled(momentum):
     X, y = make_linear(128, 4, 1, seed=1)
-    settings = dict(batch_size=16, lr=0.01, momentum=0.5, seed=1)
+    settings = dict(batch_size=16, lr=0.01, momentum=momentum, seed=1)
     serial = SerialTrainer((8,), **settings).fit(X, y, steps=64)
     trainer = MGRITTrainer((8,), levels=3, cfactor=4, coarse=_nan_coarse, scheduler="inprocess", **settings)
     caught = _fit(trainer, X, y, 64)
     assert _rel(trainer, serial) < 1e-9
+    # without momentum the state carries no velocity: the serial finish's last step gives it
+    for a, b in zip(trainer.velocity_, serial.velocity_, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * np.abs(b).max())
     assert trainer.result_.ended == "serial-fallback" and caught
     changes = [a.change for a in trainer.result_.adaptations]
     assert changes[0] == "" and "levels=2" in changes and changes[-1] == "serial"

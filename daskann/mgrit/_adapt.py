@@ -101,6 +101,7 @@ class AttemptSolver(MGRIT):
         self.initial_cpoints = initial_cpoints
         self.stall_budget = stall_budget
         self.kept = None  # (C-point rows, their residuals) of the last committed iteration
+        self.before_last = None  # (fine step, flat state) of the last C-point before the final step, once converged
         self._norms: list[float] = []
 
     def _check(self) -> dict:
@@ -123,6 +124,11 @@ class AttemptSolver(MGRIT):
         if status != "converged":
             self._keep(run)
         return status
+
+    def _finished(self, run) -> None:
+        # a state without velocity: the trainer steps from this point to the final step's gradient
+        if run.status == "converged" and not getattr(self.propagator, "velocity", True):
+            self.before_last = run.point_before(run.hierarchy.n_steps)
 
     def _keep(self, run) -> None:
         slot = run.progress.get("committed")
@@ -152,11 +158,12 @@ def next_change(attempt: int, options: dict, alpha_max: float, *, callable_coars
     return None
 
 
-def trusted_start(kept, u0_vec: np.ndarray, cfactor: int) -> tuple[int, np.ndarray]:
+def trusted_start(kept, u0_vec: np.ndarray, cfactor: int, *, before: int | None = None) -> tuple[int, np.ndarray]:
     """The last point a kept iterate holds exactly (serial's, to round-off): its fine step and flat state.
 
     C-point ``j`` (fine step ``(j + 1) * cfactor``) is trusted when its residual
-    and those of every earlier C-point are round-off.
+    and those of every earlier C-point are round-off. ``before`` keeps the
+    point before that fine step.
     """
     if kept is None:
         return 0, u0_vec
@@ -168,6 +175,8 @@ def trusted_start(kept, u0_vec: np.ndarray, cfactor: int) -> tuple[int, np.ndarr
         if not (math.isfinite(norm) and norm <= TRUST * max(1.0, float(np.linalg.norm(row)))):
             break
         trusted += 1
+    if before is not None:
+        trusted = min(trusted, (before - 1) // cfactor)
     if trusted == 0:
         return 0, u0_vec
     return trusted * cfactor, np.array(rows[trusted - 1])
@@ -188,7 +197,10 @@ def initial_guess(kept, u0_vec: np.ndarray, cfactor: int) -> np.ndarray | None:
 
 
 def finish_serially(prop, layout, start: int, vector: np.ndarray, n_steps: int, *, step_offset: int) -> tuple:
-    """Steps ``start .. n_steps - 1`` by the fine propagator from ``vector``: the final state.
+    """Steps ``start .. n_steps - 1`` by the fine propagator from ``vector``: the final state and velocity.
+
+    The velocity is None where the state carries it (or no step is left);
+    otherwise it is the last step's gradient, as SGD without momentum leaves it.
 
     Raises
     ------
@@ -196,12 +208,28 @@ def finish_serially(prop, layout, start: int, vector: np.ndarray, n_steps: int, 
         Serial training itself became non-finite (the training step named).
     """
     state = tuple(np.array(a) for a in layout.unpack(np.array(vector)))
+    velocity = None
     with np.errstate(all="ignore"), one_blas_thread():  # as SerialTrainer and the workers compute it
         for i in range(start, n_steps):
+            if i == n_steps - 1 and not prop.velocity:
+                velocity = prop.gradient(state, i)
             state = prop.fine_step(state, i)
             if not all(np.all(np.isfinite(a)) for a in state):
                 raise TrainingDiverged(step_offset + i + 1, "the weights")
-    return state
+    return state, velocity
+
+
+def last_velocity(prop, layout, start: int, vector: np.ndarray, n_steps: int) -> list[np.ndarray]:
+    """The velocity after ``n_steps`` steps of a run without momentum whose point ``start < n_steps`` is ``vector``.
+
+    Steps ``start .. n_steps - 2`` again and takes the last step's gradient:
+    a state without velocity does not carry it.
+    """
+    state = tuple(np.array(a) for a in layout.unpack(np.array(vector)))
+    with np.errstate(all="ignore"), one_blas_thread():
+        for i in range(start, n_steps - 1):
+            state = prop.fine_step(state, i)
+        return prop.gradient(state, n_steps - 1)
 
 
 def result_records(result: MGRITResult) -> list[IterationRecord]:
@@ -244,6 +272,7 @@ __all__ = [
     "combined_result",
     "finish_serially",
     "initial_guess",
+    "last_velocity",
     "next_change",
     "records_cost",
     "result_records",

@@ -298,6 +298,21 @@ class SolveRun:
             return self.store.read("u0", slice(None))
         return self.store.read("c0", (slot, slice(None)))
 
+    def point_before(self, step: int) -> tuple[int, np.ndarray]:
+        """The last committed fine C-point (or point 0) before fine step ``step``: its step and flat state."""
+        h = self.hierarchy
+        m = h.cfactors[0] if h.n_levels > 1 else 1
+        j = (step - 1) // m
+        if j == 0:
+            return 0, np.array(self.context.u0)
+        rows = slice(j - 1, j)
+        row = (
+            self.store.read("u0", rows)
+            if h.n_levels == 1
+            else self.store.read("c0", (self.progress["committed"], rows))
+        )
+        return j * m, np.array(row[0])
+
     def fine_points(self) -> np.ndarray | None:
         if not self.opt["store_fine"]:
             return None

@@ -327,6 +327,14 @@ class SGDPropagator(Propagator):
         self._descend(params, grads, velocity)
         return tuple(params + velocity)
 
+    def gradient(self, state, step: int) -> list[np.ndarray]:
+        """The gradient training step ``step`` takes at ``state``, in ``MLP.params`` order.
+
+        Without momentum it is the velocity SGD leaves after the step, which a
+        state without velocity does not carry.
+        """
+        return [np.array(g) for g in self._gradients(list(state[: self._n]), self.rows(step))]
+
     def alpha(self, level: int, span: int) -> float:
         """Fine steps' worth of one coarse step on ``level`` (before substeps)."""
         a = float(span) if self.alpha_growth is None else self.alpha_growth**level

@@ -543,6 +543,7 @@ class MGRIT:
                 run.open_executor()
                 run.status = self._iterate(run)
             fine = run.fine_points()
+            self._finished(run)
         finally:
             run.close()
         return self._result(run, opt, setup_time=setup_time, solve_time=time.perf_counter() - t_solve, fine_points=fine)
@@ -582,6 +583,9 @@ class MGRIT:
                 raise
         context = Context(prop, layout, hierarchy, u0_vec)
         return SolveRun(opt, context, store, progress, prefix, run_id=run_id, temporary=temporary)
+
+    def _finished(self, run: SolveRun) -> None:
+        """Called once the iterations ended, with the run's store still open (for a subclass to read it)."""
 
     def _store_path(self, scheduler) -> tuple[Path, Path | None]:
         """The store's path, and the temporary folder holding it when none was given."""

@@ -59,14 +59,19 @@ class _FitRun:
     u0: tuple | None = None  # the solve's initial state
     attempt: int = 0  # the adaptive fit's current attempt
     iter_offset: int = 0  # iterations of the attempts before it
+    # without momentum the state carries no velocity: the final step's gradient, or a point to compute it from
+    final_velocity: list | None = None
+    before_last: tuple | None = None
 
 
 class MGRITTrainer(BaseTrainer):
     """Minibatch SGD with momentum, parallel over the training steps by MGRIT.
 
     Training is the evolution ``w_{i+1} = Phi_i(w_i)`` where ``Phi_i`` is one
-    SGD step on minibatch ``i`` (state: weights, biases and velocity); FAS
-    multigrid in time solves all steps at once and converges to the weights
+    SGD step on minibatch ``i`` (state: weights, biases and velocity; without
+    momentum weights and biases alone, the velocity, which is then the last
+    gradient, taken once at the end); FAS multigrid in time solves all steps
+    at once and converges to the weights
     :class:`SerialTrainer` produces with the same settings. Takes the settings
     of :class:`daskann._base.BaseTrainer` plus the solver's.
 
@@ -82,6 +87,9 @@ class MGRITTrainer(BaseTrainer):
         Solver options (:class:`daskann.mgrit.MGRIT`).
     coarse, alpha_growth, alpha_cap, substeps, coarse_batches
         Coarse propagator (:class:`daskann.mgrit.propagators.SGDPropagator`).
+        A callable ``coarse(state, start, stop, level)`` maps the state, the
+        parameters in ``MLP.params`` order followed by their velocities (the
+        parameters alone without momentum), to the state.
     scheduler : {"distributed", "threads", "sync", "inprocess"}
         ``"distributed"`` (default) runs the tasks on ``client`` (or the
         default client, or an embedded LocalCluster); ``"threads"`` and
@@ -325,6 +333,9 @@ class MGRITTrainer(BaseTrainer):
             substeps=options["substeps"],
             coarse_batches=options["coarse_batches"],
             step_offset=run.done,
+            # without momentum the velocity (the last gradient) is read by no step: a state of the parameters
+            # alone halves what every step, copy and write moves; the fit's last gradient is taken at the end
+            velocity=bool(settings["momentum"]),
         )
         u0 = run.u0 = run.prop.initial_state(run.model, run.velocity)
         run_id = _run_id(run.prop.get_config(), options, u0, run.total - run.done)
@@ -361,7 +372,7 @@ class MGRITTrainer(BaseTrainer):
         """The solver's callback: one history row per MGRIT iteration."""
         row = {"residual": info.residual, "time": time.perf_counter() - run.t0, "attempt": run.attempt}
         if run.reference is not None:
-            params = np.concatenate([a.ravel() for a in info.state[: len(info.state) // 2]])
+            params = np.concatenate([a.ravel() for a in info.state[: len(run.model.params)]])
             row["error"] = float(np.linalg.norm(params - run.reference) / np.linalg.norm(run.reference))
         if run.data.validation is not None:
             current, _ = run.prop.split(info.state)
@@ -372,12 +383,15 @@ class MGRITTrainer(BaseTrainer):
     def _solve(self, run: _FitRun, solver: MGRIT) -> MGRITResult:
         run.t0 = run.t0 or time.perf_counter()  # the history's time runs on over every attempt
         if run.scheduler != "distributed":
-            return solver.solve()
-        with resolve_client(self.client) as client:
-            # the propagator, data included, is broadcast to every worker
-            check_worker_memory(client, run.data.X.nbytes + run.data.y.nbytes, name="X")
-            solver.scheduler = client
-            return solver.solve()
+            result = solver.solve()
+        else:
+            with resolve_client(self.client) as client:
+                # the propagator, data included, is broadcast to every worker
+                check_worker_memory(client, run.data.X.nbytes + run.data.y.nbytes, name="X")
+                solver.scheduler = client
+                result = solver.solve()
+        run.before_last = solver.before_last
+        return result
 
     def _solve_adaptive(self, run: _FitRun, solver: _adapt.AttemptSolver) -> MGRITResult:
         """Attempts along the adaptation ladder, then the serial finish: a result holding serial's weights."""
@@ -442,13 +456,16 @@ class MGRITTrainer(BaseTrainer):
         t0 = time.perf_counter()
         layout = StateLayout.from_state(run.u0)
         n_steps = run.total - run.done
-        start, vector = _adapt.trusted_start(kept, layout.pack(run.u0), hierarchy.cfactors[0])
+        # a state without velocity finishes with a step, whose gradient is the final velocity
+        before = None if run.prop.velocity else n_steps
+        start, vector = _adapt.trusted_start(kept, layout.pack(run.u0), hierarchy.cfactors[0], before=before)
         if is_dask_array(run.prop.X):  # on a worker, where the propagator's data is read
             prop = run.prop
             args = (prop.without_data(), layout, start, vector, n_steps, run.done, prop.X, prop.y)
-            state = remote_call(_finish_on_worker, *args)
+            state, run.final_velocity = remote_call(_finish_on_worker, *args)
         else:
-            state = _adapt.finish_serially(run.prop, layout, start, vector, n_steps, step_offset=run.done)
+            finished = _adapt.finish_serially(run.prop, layout, start, vector, n_steps, step_offset=run.done)
+            state, run.final_velocity = finished
         steps = float(n_steps - start)
         reason = f"steps {start}..{n_steps} serially"
         serial = _adapt.Adaptation(run.attempt + 1, "serial", {"start": start}, "serial", reason, 0, steps, steps, 0.0)
@@ -511,6 +528,8 @@ class MGRITTrainer(BaseTrainer):
         if not result.converged and self.require_convergence:
             raise MGRITNotConverged(result)
         self.model_, self.velocity_ = run.prop.split(result.state)
+        if not run.prop.velocity:
+            self.velocity_ = self._final_velocity(run)
         self.n_steps_ = run.total
         self.n_iter_ = result.iterations
         if self.checkpoint_dir is not None:
@@ -519,6 +538,18 @@ class MGRITTrainer(BaseTrainer):
             )
         if run.scratch and run.store is not None and (result.converged or result.ended):
             shutil.rmtree(run.store, ignore_errors=True)
+
+    def _final_velocity(self, run: _FitRun) -> list[np.ndarray]:
+        """The velocity serial training ends with, for a state that carries none: the last step's gradient."""
+        if run.final_velocity is not None:
+            return run.final_velocity
+        start, vector = run.before_last
+        layout, n_steps, prop = StateLayout.from_state(run.u0), run.total - run.done, run.prop
+        if is_dask_array(prop.X):  # on a worker, where the propagator's data is read
+            return remote_call(
+                _last_velocity_on_worker, prop.without_data(), layout, start, vector, n_steps, prop.X, prop.y
+            )
+        return _adapt.last_velocity(prop, layout, start, vector, n_steps)
 
     def _store_path(self, run_id: str):
         """The trajectory store and whether it is the trainer's own (removed once the run converged)."""
@@ -550,6 +581,10 @@ class MGRITTrainer(BaseTrainer):
 
 def _finish_on_worker(prop, layout, start: int, vector, n_steps: int, offset: int, X, y):
     return _adapt.finish_serially(prop.with_data(X, y), layout, start, vector, n_steps, step_offset=offset)
+
+
+def _last_velocity_on_worker(prop, layout, start: int, vector, n_steps: int, X, y):
+    return _adapt.last_velocity(prop.with_data(X, y), layout, start, vector, n_steps)
 
 
 def _run_id(prop_config: dict, options: dict, u0, n_steps: int) -> str:
