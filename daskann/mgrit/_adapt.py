@@ -219,19 +219,6 @@ def finish_serially(prop, layout, start: int, vector: np.ndarray, n_steps: int, 
     return state, velocity
 
 
-def last_velocity(prop, layout, start: int, vector: np.ndarray, n_steps: int) -> list[np.ndarray]:
-    """The velocity after ``n_steps`` steps of a run without momentum whose point ``start < n_steps`` is ``vector``.
-
-    Steps ``start .. n_steps - 2`` again and takes the last step's gradient:
-    a state without velocity does not carry it.
-    """
-    state = tuple(np.array(a) for a in layout.unpack(np.array(vector)))
-    with np.errstate(all="ignore"), one_blas_thread():
-        for i in range(start, n_steps - 1):
-            state = prop.fine_step(state, i)
-        return prop.gradient(state, n_steps - 1)
-
-
 def result_records(result: MGRITResult) -> list[IterationRecord]:
     """The iterations of a result as records."""
     columns = [getattr(result, key) for key in SERIES]
@@ -272,7 +259,6 @@ __all__ = [
     "combined_result",
     "finish_serially",
     "initial_guess",
-    "last_velocity",
     "next_change",
     "records_cost",
     "result_records",

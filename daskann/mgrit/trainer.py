@@ -459,18 +459,21 @@ class MGRITTrainer(BaseTrainer):
         # a state without velocity finishes with a step, whose gradient is the final velocity
         before = None if run.prop.velocity else n_steps
         start, vector = _adapt.trusted_start(kept, layout.pack(run.u0), hierarchy.cfactors[0], before=before)
-        if is_dask_array(run.prop.X):  # on a worker, where the propagator's data is read
-            prop = run.prop
-            args = (prop.without_data(), layout, start, vector, n_steps, run.done, prop.X, prop.y)
-            state, run.final_velocity = remote_call(_finish_on_worker, *args)
-        else:
-            finished = _adapt.finish_serially(run.prop, layout, start, vector, n_steps, step_offset=run.done)
-            state, run.final_velocity = finished
+        state, run.final_velocity = self._finish(run, start, vector)
         steps = float(n_steps - start)
         reason = f"steps {start}..{n_steps} serially"
         serial = _adapt.Adaptation(run.attempt + 1, "serial", {"start": start}, "serial", reason, 0, steps, steps, 0.0)
         adaptations.append(dataclasses.replace(serial, seconds=time.perf_counter() - t0))
         return self._combined(run, template, records, adaptations, state, "serial-fallback", t_start, hierarchy)
+
+    @staticmethod
+    def _finish(run: _FitRun, start: int, vector) -> tuple:
+        """:func:`_adapt.finish_serially` from fine step ``start``: the final state and velocity."""
+        layout, n_steps, prop = StateLayout.from_state(run.u0), run.total - run.done, run.prop
+        if is_dask_array(prop.X):  # on a worker, where the propagator's data is read
+            args = (prop.without_data(), layout, start, vector, n_steps, run.done, prop.X, prop.y)
+            return remote_call(_finish_on_worker, *args)
+        return _adapt.finish_serially(prop, layout, start, vector, n_steps, step_offset=run.done)
 
     def _combined(self, run, template, records, adaptations, state, ended, t_start, hierarchy) -> MGRITResult:
         """One result over every attempt (and the serial finish)."""
@@ -541,15 +544,11 @@ class MGRITTrainer(BaseTrainer):
 
     def _final_velocity(self, run: _FitRun) -> list[np.ndarray]:
         """The velocity serial training ends with, for a state that carries none: the last step's gradient."""
-        if run.final_velocity is not None:
-            return run.final_velocity
-        start, vector = run.before_last
-        layout, n_steps, prop = StateLayout.from_state(run.u0), run.total - run.done, run.prop
-        if is_dask_array(prop.X):  # on a worker, where the propagator's data is read
-            return remote_call(
-                _last_velocity_on_worker, prop.without_data(), layout, start, vector, n_steps, prop.X, prop.y
-            )
-        return _adapt.last_velocity(prop, layout, start, vector, n_steps)
+        if run.final_velocity is None:
+            # the steps from the last C-point before the end again (at most one interval), taking the gradient
+            start, vector = run.before_last
+            run.final_velocity = self._finish(run, start, vector)[1]
+        return run.final_velocity
 
     def _store_path(self, run_id: str):
         """The trajectory store and whether it is the trainer's own (removed once the run converged)."""
@@ -581,10 +580,6 @@ class MGRITTrainer(BaseTrainer):
 
 def _finish_on_worker(prop, layout, start: int, vector, n_steps: int, offset: int, X, y):
     return _adapt.finish_serially(prop.with_data(X, y), layout, start, vector, n_steps, step_offset=offset)
-
-
-def _last_velocity_on_worker(prop, layout, start: int, vector, n_steps: int, X, y):
-    return _adapt.last_velocity(prop.with_data(X, y), layout, start, vector, n_steps)
 
 
 def _run_id(prop_config: dict, options: dict, u0, n_steps: int) -> str:
