@@ -32,6 +32,7 @@ from distributed.utils import sync
 from daskann import config
 from daskann._compat import pool_connect, pool_reuse
 from daskann._validation import check_float, check_int, invalid
+from daskann._wire import for_transfer
 from daskann.exceptions import ExchangeAborted, ExchangeTimeout
 
 PLUGIN_NAME = "daskann-npt-exchange"
@@ -309,7 +310,7 @@ def _encode(array: np.ndarray):
     serialisation per block); large ones as zero-copy frames."""
     if array.nbytes < INLINE_BYTES:
         return [array.tobytes(), array.dtype.str, list(array.shape)]
-    return to_serialize(array)
+    return to_serialize(for_transfer(array))
 
 
 def _decode(value):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
+from daskann import _wire
 from daskann._compat import Task, TaskRef, parse_input
 
 
@@ -38,8 +39,9 @@ class GraphBuilder:
         """Add ``key = func(*args, **kwargs)`` to run on worker ``owner``."""
         if key in self.tasks:
             raise KeyError(f"task key {key!r} added twice")
+        # results are stored as wire arrays, so that they reach other workers aligned
         self.tasks[key] = Task(
-            key, func, *(parse_input(a) for a in args), **{k: parse_input(v) for k, v in kwargs.items()}
+            key, _wire.call, func, *(parse_input(a) for a in args), **{k: parse_input(v) for k, v in kwargs.items()}
         )
         self.owners[key] = owner
         return key
