@@ -12,6 +12,7 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
+from daskann import _lazy_predict as lazy_predict
 from daskann import store
 from daskann._dask_input import check_dask_data, data_client, is_dask_array, remote_call
 from daskann._progress import ProgressBar
@@ -203,22 +204,41 @@ class BaseTrainer(BaseEstimator):
             raise AttributeError(f"classes_ needs loss='cross_entropy', not loss={self._fitted_loss()!r}")
         return np.arange(self.model_.sizes[-1])
 
-    def _check_predict_input(self, X) -> np.ndarray:
+    def _input_layout(self) -> tuple[int, np.dtype]:
+        """Input width and dtype of the fitted network (read without loading it where a trainer can)."""
+        return self.model_.sizes[0], self.model_.dtype
+
+    def _check_predict_input(self, X):
+        """Checked numpy ``X``; a dask array stays lazy, its values checked by each block's task."""
         check_is_fitted(self)
-        return check_features(X, name="X", dtype=self.model_.dtype, n_features=self.model_.sizes[0])
+        n_features, dtype = self._input_layout()
+        if is_dask_array(X):
+            return lazy_predict.checked_features(X, name="X", dtype=dtype, n_features=n_features)
+        return check_features(X, name="X", dtype=dtype, n_features=n_features)
+
+    def _compute(self, array) -> np.ndarray:
+        """A lazy prediction computed on the trainer's cluster where it runs, else by dask's default scheduler."""
+        client = data_client(getattr(self, "client", None))
+        if client is not None and client.status == "running":
+            return client.compute(array, sync=True)
+        return array.compute()
 
     def predict(self, X) -> np.ndarray:
         """Class labels (``loss="cross_entropy"``) or network outputs (``loss="mse"``).
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like or dask array of shape (n_samples, n_features)
+            A dask array (e.g. ``da.from_zarr``) is not read: the result is a
+            dask array chunked along its rows, computed block by block where
+            they are (a non-finite value raises then, naming its chunk).
 
         Returns
         -------
-        ndarray
+        ndarray or dask.array.Array
             Integer labels of shape ``(n_samples,)``, or outputs of shape
-            ``(n_samples, n_outputs)`` (``(n_samples,)`` for one output).
+            ``(n_samples, n_outputs)`` (``(n_samples,)`` for one output); a
+            dask array for dask-array ``X``.
 
         Raises
         ------
@@ -227,13 +247,22 @@ class BaseTrainer(BaseEstimator):
         """
         X = self._check_predict_input(X)
         logits = self._logits(X)
+        if is_dask_array(logits):
+            if self._fitted_loss() == "cross_entropy":
+                return lazy_predict.predicted_labels(logits)
+            return lazy_predict.predicted_outputs(logits, self._fitted_output())
         if self._fitted_loss() == "cross_entropy":
             return np.argmax(logits, axis=1)
         out = output_activation(logits, self._fitted_output())
         return out[:, 0] if out.shape[1] == 1 else out
 
-    def _logits(self, X) -> np.ndarray:
-        """The network's last pre-activation for checked ``X`` (a trainer may compute it where its weights are)."""
+    def _logits(self, X):
+        """The network's last pre-activation for checked ``X`` (a trainer may compute it where its weights are).
+
+        Lazy, block by block, for dask-array ``X``; a row chunk's columns are one chunk.
+        """
+        if is_dask_array(X):
+            return lazy_predict.model_logits(self.model_, X)
         return self.model_.forward(X)
 
     def _fitted_output(self) -> str:
@@ -246,23 +275,26 @@ class BaseTrainer(BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like or dask array of shape (n_samples, n_features)
+            A dask array gives a lazy dask array, as for :meth:`predict`.
 
         Returns
         -------
-        ndarray of shape (n_samples, n_classes)
+        ndarray or dask.array.Array of shape (n_samples, n_classes)
             Rows sum to one; column ``c`` is class ``c``.
         """
         X = self._check_predict_input(X)
-        return softmax(self._logits(X))
+        logits = self._logits(X)
+        return lazy_predict.predicted_proba(logits) if is_dask_array(logits) else softmax(logits)
 
     def score(self, X, y, sample_weight=None) -> float:
         """Accuracy (``loss="cross_entropy"``) or coefficient of determination R^2 (``loss="mse"``).
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
-        y : array-like
+        X : array-like or dask array of shape (n_samples, n_features)
+            A dask array is read where it is: only the predictions reach the client.
+        y : array-like or dask array
             True labels or targets.
         sample_weight : array-like of shape (n_samples,), optional
 
@@ -274,6 +306,10 @@ class BaseTrainer(BaseEstimator):
         from sklearn.metrics import accuracy_score, r2_score  # not needed to train: imported when scoring
 
         predicted = self.predict(X)
+        if is_dask_array(predicted):
+            predicted = self._compute(predicted)
+        if is_dask_array(y):
+            y = self._compute(y)
         metric = accuracy_score if self._fitted_loss() == "cross_entropy" else r2_score
         return float(metric(np.asarray(y), predicted, sample_weight=sample_weight))
 

@@ -22,7 +22,15 @@ from daskann._validation import (
     not_labels,
 )
 
-__all__ = ["DaskInput", "check_dask_data", "data_client", "is_dask_array", "materialize", "remote_call"]
+__all__ = [
+    "DaskInput",
+    "check_dask_data",
+    "check_dask_features_layout",
+    "data_client",
+    "is_dask_array",
+    "materialize",
+    "remote_call",
+]
 
 
 def is_dask_array(value) -> bool:
@@ -67,7 +75,8 @@ def _as_dask(value, name: str):
         raise invalid(name, type(value).__name__, "an array-like of numbers", TypeError) from exc
 
 
-def _check_features_meta(X, name: str, n_features: int | None):
+def check_dask_features_layout(X, name: str, n_features: int | None):
+    """Shape, dtype and known chunk sizes of dask-array features (no values are read)."""
     return check_features_layout(_as_dask(X, name), name, n_features)
 
 
@@ -143,12 +152,12 @@ def check_dask_data(client, X, y, validation_data, *, loss: str, dtype, n_in=Non
     the errors equal those of numpy input and name the chunk of a non-finite
     value. Raises before any training task.
     """
-    X = _check_features_meta(X, "X", n_in)
+    X = check_dask_features_layout(X, "X", n_in)
     y = _check_targets_meta(y, "y", loss, X.shape[0], n_out)
     names = [("X", False), ("y", loss == "cross_entropy")]
     arrays = [X, y]
     if validation_data is not None:
-        Xv = _check_features_meta(validation_data[0], "validation_data[0]", X.shape[1])
+        Xv = check_dask_features_layout(validation_data[0], "validation_data[0]", X.shape[1])
         yv = _check_targets_meta(validation_data[1], "validation_data[1]", loss, Xv.shape[0], n_out)
         names += [("validation_data[0]", False), ("validation_data[1]", loss == "cross_entropy")]
         arrays += [Xv, yv]

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from conftest import scheduler_watch
 from dask.sizeof import sizeof
 from distributed import Client
+from sklearn.base import clone
 
 from daskann import SerialTrainer
 from daskann._validation import check_features, check_targets
@@ -126,6 +127,9 @@ def test_no_full_x_reaches_the_client(client4, tmp_path, monkeypatch):
     group = zarr.open_group(path, mode="r")
     dX, dy = da.from_zarr(group["X"]), da.from_zarr(group["y"])
     trainer = NPTTrainer((16,), grid=(2, 2), mode="graph", batch_size=64, client=client4)
+    # a short fit first: the modules it imports and the caches it fills on the client come once per
+    # session, whatever the size of X, and are not what this measures
+    clone(trainer).fit(dX[:512], dy[:512], steps=1)
     spy = _GatherSpy(monkeypatch)
     tracemalloc.start()
     try:
@@ -207,18 +211,18 @@ def test_bad_dask_input_fails_before_training(cls, case, problem, client2):
 def test_numpy_and_dask_input_fail_with_one_message(X, y, loss):
     """One check serves both kinds of array: the same error, whether the values are read here or on a worker."""
     from daskann._dask_input import (
-        _check_features_meta,
         _check_targets_meta,
         _labels_outputs,
         _raise_targets,
         _summary,
+        check_dask_features_layout,
     )
 
     def numpy_error():
         check_targets(y, loss=loss, n_samples=len(check_features(X, n_features=3)), n_outputs=1)
 
     def dask_error():
-        dX = _check_features_meta(da.from_array(X, chunks=4), "X", 3)
+        dX = check_dask_features_layout(da.from_array(X, chunks=4), "X", 3)
         dy = _check_targets_meta(da.from_array(y, chunks=4), "y", loss, dX.shape[0], 1)
         summary = _summary(dy, labels=loss == "cross_entropy").compute(scheduler="sync")
         if loss == "cross_entropy":
@@ -282,3 +286,92 @@ def test_mgrit_without_momentum_takes_the_last_gradient_on_a_worker(problem, cli
         np.testing.assert_array_equal(a, b)
     for a, b in zip(got.velocity_, serial.velocity_, strict=True):
         assert np.linalg.norm(a - b) <= 1e-9 * np.linalg.norm(b)
+
+
+# -- predictions ---------------------------------------------------------------------------
+def _predictors(client2, client4):
+    yield "serial", SerialTrainer, {}
+    yield "npt-graph-2x2", NPTTrainer, {"grid": (2, 2), "mode": "graph", "client": client4}
+    yield "npt-resident-1x2", NPTTrainer, {"grid": (1, 2), "mode": "resident", "client": client2}
+    yield "mgrit", MGRITTrainer, {"levels": 2, "cfactor": 4, "client": client2}
+    yield "partition", PartitionTrainer, {"k": 2, "sub_steps": 4, "client": client2}
+
+
+def _compute(array, options):
+    client = options.get("client")
+    return client.compute(array, sync=True) if client is not None else array.compute(scheduler="sync")
+
+
+@pytest.mark.filterwarnings("ignore::daskann.exceptions.MGRITDidNotPay")
+@pytest.mark.parametrize("loss", ["mse", "cross_entropy"])
+@pytest.mark.parametrize("name", ["serial", "npt-graph-2x2", "npt-resident-1x2", "mgrit", "partition"])
+def test_predict_on_dask_x_is_lazy_and_equals_numpy(name, loss, problem, client2, client4, tmp_path):
+    X, y, labels = problem
+    target = y if loss == "mse" else labels
+    _, cls, options = next(t for t in _predictors(client2, client4) if t[0] == name)
+    output = "linear" if loss == "mse" else "softmax"
+    trainer = cls((8,), batch_size=16, loss=loss, output=output, **options).fit(X, target, steps=8)
+    dX, dy, _, _ = _from_zarr(tmp_path, X, target)
+    predicted = trainer.predict(dX)
+    # lazy, chunked along X's rows, and equal to the numpy path: labels exactly, values to round-off (BLAS
+    # blocks a chunk's rows differently from the whole array's, which moves the last bit of a few rows)
+    assert isinstance(predicted, da.Array) and predicted.chunks[0] == dX.chunks[0]
+    if loss == "cross_entropy":
+        np.testing.assert_array_equal(_compute(predicted, options), trainer.predict(X))
+        proba = trainer.predict_proba(dX)
+        assert isinstance(proba, da.Array)
+        np.testing.assert_allclose(_compute(proba, options), trainer.predict_proba(X), rtol=1e-13, atol=1e-15)
+        assert trainer.score(dX, dy) == trainer.score(X, target)
+    else:
+        np.testing.assert_allclose(_compute(predicted, options), trainer.predict(X), rtol=1e-13, atol=1e-15)
+        assert trainer.score(dX, dy) == pytest.approx(trainer.score(X, target), rel=1e-13)
+    if cls is NPTTrainer:  # computed on the grid: the client never loaded the model
+        assert trainer.__dict__.get("_model") is None
+
+
+def test_predict_reads_no_full_x_on_the_client(client4, tmp_path, monkeypatch):
+    # 64 MiB of X in zarr, predicted on a 2x2 grid: the client holds the labels, never X
+    n, d = 65536, 128
+    X, y = make_linear(n, d, 3, seed=1)
+    trainer = NPTTrainer((16,), grid=(2, 2), mode="graph", batch_size=64, loss="cross_entropy", client=client4)
+    trainer.fit(X[:512], np.argmax(y[:512], axis=1), steps=4)
+    expected = trainer.predict(X[:4096])
+    path = _zarr(tmp_path, "predict", X=(X, (4096, d)))
+    nbytes = X.nbytes
+    del X, y
+    dX = da.from_zarr(zarr.open_group(path, mode="r")["X"])
+    # the first lazy prediction imports and caches what every later one reuses: not what this measures
+    np.testing.assert_array_equal(client4.compute(trainer.predict(dX[:4096]), sync=True), expected)
+    spy = _GatherSpy(monkeypatch)
+    tracemalloc.start()
+    try:
+        labels = client4.compute(trainer.predict(dX), sync=True)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(labels[:4096], expected)
+    assert peak < nbytes // 8, f"the client's traced memory peaked at {peak} bytes, X is {nbytes}"
+    assert max(spy.sizes) < nbytes // 64, f"the client gathered {max(spy.sizes)} bytes at once, X is {nbytes}"
+    assert trainer.__dict__.get("_model") is None
+
+
+@pytest.mark.parametrize("cls", [SerialTrainer, NPTTrainer])
+def test_bad_dask_x_for_predict(cls, problem, client2):
+    X, y, _ = problem
+    options = {"grid": (1, 2), "client": client2} if cls is NPTTrainer else {}
+    trainer = cls((8,), batch_size=16, **options).fit(X, y, steps=2)
+    dX = da.from_array(X, chunks=(20, 5))
+    cases = [
+        (dX[dX[:, 0] > -np.inf], ValueError, r"^X=.*unknown chunk sizes"),
+        (dX[:, :5], ValueError, r"^X=.*12 features, as the network's input layer"),
+        (dX.astype(np.int64), TypeError, r"^X=.*float32 or float64"),
+    ]
+    for bad, error, pattern in cases:
+        with scheduler_watch(client2) as watch, pytest.raises(error, match=pattern):
+            trainer.predict(bad)
+        assert not watch.keys, "refused before any task"
+    nan_X = X.copy()
+    nan_X[37, 3] = np.nan
+    lazy = trainer.predict(da.from_array(nan_X, chunks=(20, 5)))  # values are read when computed
+    with pytest.raises(ValueError, match=r"^X=.*1 NaN or Inf values in chunk \(1, 0\) \(first at \(37, 3\)\)"):
+        client2.compute(lazy, sync=True)

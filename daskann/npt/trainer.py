@@ -11,6 +11,7 @@ import numpy as np
 
 from daskann import config
 from daskann._base import BaseTrainer, TrainingDiverged
+from daskann._dask_input import is_dask_array
 from daskann._history import HistoryRecorder
 from daskann._typing import Activation, FloatDType, Loss, NPTMode, NPTPipeline, Output
 from daskann._validation import check_choice, check_float, invalid
@@ -425,30 +426,46 @@ class NPTTrainer(BaseTrainer):
     def _fitted_output(self) -> str:
         return self._settings["output"]
 
-    def _check_predict_input(self, X):
-        from sklearn.utils.validation import check_is_fitted
+    def _input_layout(self) -> tuple[int, np.dtype]:
+        # from the settings: checking X must not load a model the client does not hold
+        return self._sizes[0], np.dtype(self._settings["dtype"])
 
-        from daskann._validation import check_features
-
-        check_is_fitted(self)
-        return check_features(X, name="X", dtype=self._settings["dtype"], n_features=self._sizes[0])
-
-    def _logits(self, X) -> np.ndarray:
-        """Computed on the grid, from :attr:`weights_`, while the client does not hold the model."""
+    def _grid_client(self):
+        """The client of the final grid state while its cluster runs, else None."""
         state = self._live_grid_state()
         if state is None or self.__dict__.get("_model") is not None:
+            return None
+        return next(iter(state.futures.values())).client
+
+    def _compute(self, array) -> np.ndarray:
+        client = self._grid_client()
+        return client.compute(array, sync=True) if client is not None else super()._compute(array)
+
+    def _logits(self, X):
+        """Computed on the grid, from :attr:`weights_`, while the client does not hold the model.
+
+        Each layer is ``A @ W + b`` on dask arrays chunked as the grid's blocks; numpy ``X`` is
+        scattered once (not held in the graph), dask-array ``X`` is read where it is and the result
+        stays lazy.
+        """
+        client = self._grid_client()
+        if client is None:
             return super()._logits(X)
         import dask.array as da
 
         from daskann.nn import activate
 
         s, weights, biases = self._settings, self.weights_, self.biases_
-        A = da.from_array(X, chunks=(X.shape[0], weights[0].chunks[0]))
+        lazy = is_dask_array(X)
+        if not lazy:
+            # a key of its own: a re-scattered twin of a key being released would lose its data
+            X = da.from_delayed(client.scatter(X, hash=False), X.shape, dtype=X.dtype)
+        A = X.rechunk({1: weights[0].chunks[0]})
         for W, b in zip(weights, biases, strict=True):
             Z = A @ W + b
             A = Z.map_blocks(activate, s["activation"], s["negative_slope"], dtype=Z.dtype)
-        client = next(iter(state.futures.values())).client
-        return client.compute(Z.rechunk({1: -1}), sync=True)
+        Z = Z.rechunk({1: -1})
+        return Z if lazy else client.compute(Z, sync=True)
 
     @property
     def weights_(self) -> list:
