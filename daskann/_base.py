@@ -12,7 +12,7 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from daskann import _lazy_predict as lazy_predict
+from daskann import _predictions as predictions
 from daskann import store
 from daskann._dask_input import check_dask_data, data_client, is_dask_array, remote_call
 from daskann._progress import ProgressBar
@@ -31,7 +31,7 @@ from daskann._validation import (
 )
 from daskann.data import BatchOrder
 from daskann.exceptions import TrainingDiverged
-from daskann.nn import MLP, output_activation, softmax
+from daskann.nn import MLP
 
 __all__ = ["BaseTrainer", "TrainingData", "TrainingDiverged"]
 
@@ -213,7 +213,7 @@ class BaseTrainer(BaseEstimator):
         check_is_fitted(self)
         n_features, dtype = self._input_layout()
         if is_dask_array(X):
-            return lazy_predict.checked_features(X, name="X", dtype=dtype, n_features=n_features)
+            return predictions.checked_features(X, name="X", dtype=dtype, n_features=n_features)
         return check_features(X, name="X", dtype=dtype, n_features=n_features)
 
     def _compute(self, array) -> np.ndarray:
@@ -247,14 +247,9 @@ class BaseTrainer(BaseEstimator):
         """
         X = self._check_predict_input(X)
         logits = self._logits(X)
-        if is_dask_array(logits):
-            if self._fitted_loss() == "cross_entropy":
-                return lazy_predict.predicted_labels(logits)
-            return lazy_predict.predicted_outputs(logits, self._fitted_output())
         if self._fitted_loss() == "cross_entropy":
-            return np.argmax(logits, axis=1)
-        out = output_activation(logits, self._fitted_output())
-        return out[:, 0] if out.shape[1] == 1 else out
+            return predictions.predicted_labels(logits)
+        return predictions.predicted_outputs(logits, self._fitted_output())
 
     def _logits(self, X):
         """The network's last pre-activation for checked ``X`` (a trainer may compute it where its weights are).
@@ -262,7 +257,7 @@ class BaseTrainer(BaseEstimator):
         Lazy, block by block, for dask-array ``X``; a row chunk's columns are one chunk.
         """
         if is_dask_array(X):
-            return lazy_predict.model_logits(self.model_, X)
+            return predictions.model_logits(self.model_, X)
         return self.model_.forward(X)
 
     def _fitted_output(self) -> str:
@@ -284,8 +279,7 @@ class BaseTrainer(BaseEstimator):
             Rows sum to one; column ``c`` is class ``c``.
         """
         X = self._check_predict_input(X)
-        logits = self._logits(X)
-        return lazy_predict.predicted_proba(logits) if is_dask_array(logits) else softmax(logits)
+        return predictions.predicted_proba(self._logits(X))
 
     def score(self, X, y, sample_weight=None) -> float:
         """Accuracy (``loss="cross_entropy"``) or coefficient of determination R^2 (``loss="mse"``).

@@ -1,9 +1,9 @@
-"""Predictions for dask-array ``X``: lazy dask arrays computed block by block where the rows are.
+"""Predictions from the network's last pre-activation, numpy or dask alike.
 
 As for scikit-learn estimators wrapped by dask-ml's ``ParallelPostFit``: numpy in,
 numpy out; a dask array in, a dask array out, chunked along the rows of ``X``,
-and nothing read until it is computed. The layout of ``X`` is checked at once;
-its values are checked by each block's own task, so a NaN raises when that
+and nothing read until it is computed. The layout of a dask-array ``X`` is
+checked at once; its values by each block's own task, so a NaN raises when that
 block is computed, naming its chunk and position.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from daskann._dask_input import check_dask_features_layout
+from daskann._dask_input import check_dask_features_layout, is_dask_array
 from daskann._validation import invalid
 from daskann.nn import output_activation, softmax
 
@@ -73,16 +73,20 @@ def _outputs(logits, output: str):
 
 
 def predicted_labels(logits):
-    """Class labels, one chunk per row chunk of ``logits`` (whose columns are one chunk)."""
+    """Class labels; for dask ``logits`` (columns in one chunk), one chunk per row chunk."""
+    if not is_dask_array(logits):
+        return _labels(logits)
     return logits.map_blocks(_labels, drop_axis=1, dtype=np.intp)
 
 
 def predicted_outputs(logits, output: str):
-    """Network outputs; a single output drops its column, as for numpy input."""
+    """Network outputs; a single output drops its column."""
+    if not is_dask_array(logits):
+        return _outputs(logits, output)
     single = logits.shape[1] == 1
     return logits.map_blocks(_outputs, output, drop_axis=1 if single else None, dtype=logits.dtype)
 
 
 def predicted_proba(logits):
     """Row-wise softmax of ``logits``."""
-    return logits.map_blocks(softmax, dtype=logits.dtype)
+    return logits.map_blocks(softmax, dtype=logits.dtype) if is_dask_array(logits) else softmax(logits)
