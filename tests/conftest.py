@@ -42,7 +42,7 @@ class ClusterFactory:
             cluster = local_cluster(n_workers, threads_per_worker=1, dashboard=False, memory_limit="2GiB")
             self._clients[n_workers] = Client(cluster, set_as_default=False)
         c = self._clients[n_workers]
-        c.wait_for_workers(n_workers, timeout=120)
+        restore_workers(c, n_workers)
         return c
 
     def close(self):
@@ -51,6 +51,31 @@ class ClusterFactory:
             c.close()
             cluster.close()
         self._clients.clear()
+
+
+def restore_workers(c: Client, n_workers: int, timeout: float = 60.0) -> None:
+    """Wait until ``c``'s cluster has ``n_workers`` running workers, replacing any its nanny did not bring back.
+
+    A test that kills a worker relies on the nanny to restart it; on a busy machine a nanny's restart can
+    stall or give up, which would leave the shared cluster short for every later test. Such a worker's
+    spec is dropped and the cluster scaled back up, so a fresh nanny takes its place.
+    """
+    try:
+        c.wait_for_workers(n_workers, timeout=timeout)
+        return
+    except TimeoutError:  # distributed's WorkerStartTimeoutError is one
+        pass
+    cluster = c.cluster
+    running = {w["name"] for w in c.scheduler_info(n_workers=-1)["workers"].values() if w["status"] == "running"}
+    lost = [name for name in cluster.worker_spec if name not in running]
+    for name in lost:
+        del cluster.worker_spec[name]
+    cluster.scale(len(cluster.worker_spec))  # closes the lost workers' nannies, freeing their names
+    deadline = time.monotonic() + 60
+    while any(name in cluster.workers for name in lost) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    cluster.scale(n_workers)
+    c.wait_for_workers(n_workers, timeout=120)
 
 
 @pytest.fixture(scope="session")

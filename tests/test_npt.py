@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import no_tasks_submitted, run_notebook
+from conftest import no_tasks_submitted, restore_workers, run_notebook
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -393,7 +393,7 @@ def test_graph_mode_replays_after_a_worker_dies(client4, regression):
     except Exception:  # the worker dies before it can answer
         pass
     thread.join(timeout=240)
-    client4.wait_for_workers(4, timeout=120)
+    restore_workers(client4, 4)
     assert not thread.is_alive() and not errors, errors
     assert trainer.recoveries_ >= 1 and victim not in trainer.grid_.workers
     assert _max_error(trainer, SerialTrainer((10,), **kwargs).fit(X, y, steps=12)) < TOL

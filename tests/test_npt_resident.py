@@ -15,7 +15,7 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import no_tasks_submitted, scheduler_watch
+from conftest import no_tasks_submitted, restore_workers, scheduler_watch
 
 from daskann import SerialTrainer, TrainingDiverged
 from daskann.data import make_linear
@@ -279,7 +279,7 @@ def test_killed_worker_fails_fast_and_clearly(client4, regression):
         survivors = client4.run(open_namespaces)
         assert not any(ns.startswith("daskann-npt-test-kill") for names in survivors.values() for ns in names)
     finally:
-        client4.wait_for_workers(4, timeout=120)
+        restore_workers(client4, 4)
 
 
 @pytest.mark.parametrize("shape", ["2x2", "1x1"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from conftest import no_tasks_submitted, run_notebook
+from conftest import no_tasks_submitted, restore_workers, run_notebook
 from distributed import get_task_stream
 
 from daskann import store
@@ -272,7 +272,7 @@ def _fit_with_killer(client, trainer, digits, marker, steps):
     finally:
         stop.set()
         killer.join(10)
-        client.wait_for_workers(2, timeout=120)
+        restore_workers(client, 2)
     return found
 
 
