@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.metaestimators import available_if
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_is_fitted, validate_data
 
+from daskann import _labels as labels
 from daskann import _predictions as predictions
 from daskann import store
-from daskann._dask_input import check_dask_data, data_client, is_dask_array, remote_call
+from daskann._dask_input import (
+    check_dask_data,
+    check_dask_features_layout,
+    data_client,
+    is_dask_array,
+    remote_call,
+)
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, FloatDType, Loss, Output
 from daskann._validation import (
@@ -30,7 +38,7 @@ from daskann._validation import (
     invalid,
 )
 from daskann.data import BatchOrder
-from daskann.exceptions import TrainingDiverged
+from daskann.exceptions import BatchSizeClipped, TrainingDiverged
 from daskann.nn import MLP
 
 __all__ = ["BaseTrainer", "TrainingData", "TrainingDiverged"]
@@ -85,6 +93,15 @@ class BaseTrainer(BaseEstimator):
     momentum : float
         SGD momentum in ``[0, 1)``.
     batch_size : int
+        Rows per step; larger than the data, it is clipped to the number of
+        samples with a :class:`~daskann.exceptions.BatchSizeClipped` warning.
+    epochs : int
+        Passes over the data that ``fit`` trains for (as ``MLPClassifier``'s
+        ``max_iter`` and skorch's ``max_epochs``), unless ``steps`` is set.
+    steps : int or None
+        Training steps (updates) that ``fit`` trains for; when set, it wins over
+        ``epochs``. ``fit(..., steps=)`` or ``fit(..., epochs=)`` overrides both
+        for that call.
     shuffle : bool
         Shuffle each epoch (seeded) or walk the rows in order.
     seed : int
@@ -124,6 +141,8 @@ class BaseTrainer(BaseEstimator):
         lr=0.01,
         momentum=0.0,
         batch_size=32,
+        epochs=10,
+        steps=None,
         shuffle: bool | Literal["serialized"] = True,
         seed=0,
         dtype: FloatDType = "float64",
@@ -171,6 +190,7 @@ class BaseTrainer(BaseEstimator):
             tags.estimator_type, tags.classifier_tags = "classifier", ClassifierTags()
         else:
             tags.estimator_type, tags.regressor_tags = "regressor", RegressorTags()
+            tags.target_tags.multi_output = True  # one output column per target column
         return tags
 
     def _fitted_loss(self) -> str:
@@ -196,14 +216,6 @@ class BaseTrainer(BaseEstimator):
         """Trained bias vectors, one per layer (empty without biases), as :attr:`weights_`."""
         return list(self.model_.biases)
 
-    @property
-    def classes_(self) -> np.ndarray:
-        """Class labels ``0 .. n_classes - 1`` (``loss="cross_entropy"`` only)."""
-        check_is_fitted(self)
-        if self._fitted_loss() != "cross_entropy":
-            raise AttributeError(f"classes_ needs loss='cross_entropy', not loss={self._fitted_loss()!r}")
-        return np.arange(self.model_.sizes[-1])
-
     def _input_layout(self) -> tuple[int, np.dtype]:
         """Input width and dtype of the fitted network (read without loading it where a trainer can)."""
         return self.model_.sizes[0], self.model_.dtype
@@ -213,7 +225,10 @@ class BaseTrainer(BaseEstimator):
         check_is_fitted(self)
         n_features, dtype = self._input_layout()
         if is_dask_array(X):
+            if hasattr(self, "n_features_in_"):
+                self._set_input_features(X, reset=False)
             return predictions.checked_features(X, name="X", dtype=dtype, n_features=n_features)
+        X = validate_data(self, X, reset=False, dtype=dtype, ensure_all_finite=False)
         return check_features(X, name="X", dtype=dtype, n_features=n_features)
 
     def _compute(self, array) -> np.ndarray:
@@ -248,7 +263,7 @@ class BaseTrainer(BaseEstimator):
         X = self._check_predict_input(X)
         logits = self._logits(X)
         if self._fitted_loss() == "cross_entropy":
-            return predictions.predicted_labels(logits)
+            return labels.decode(predictions.predicted_labels(logits), self.classes_)
         return predictions.predicted_outputs(logits, self._fitted_output())
 
     def _logits(self, X):
@@ -344,25 +359,106 @@ class BaseTrainer(BaseEstimator):
             return contextlib.nullcontext()
         return store.RunLock(self.checkpoint_dir)
 
-    def _check_data(self, X, y, validation_data, settings, model: MLP | None = None) -> TrainingData:
-        dtype = settings["dtype"]
+    def _check_data(
+        self, X, y, validation_data, settings, model: MLP | None = None, *, classes=None, reset: bool = True
+    ) -> TrainingData:
+        """Training data checked and converted as scikit-learn's estimators do, before anything runs.
+
+        ``reset=False`` continues a fit (``partial_fit``): the features must match
+        ``n_features_in_`` (and ``feature_names_in_``), the labels ``classes_``.
+        ``classes`` (``partial_fit``'s) fixes the labels of a first fit. Class
+        labels become their positions in ``classes_``; a ``batch_size`` larger
+        than the data is clipped to it with a :class:`BatchSizeClipped` warning.
+        """
         if model is not None and not isinstance(model, MLP):
             raise invalid("init_model", type(model).__name__, "an MLP or None", TypeError)
+        if validation_data is not None and (
+            not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2
+        ):
+            raise invalid("validation_data", type(validation_data).__name__, "a pair (X_val, y_val)", TypeError)
         n_in = model.sizes[0] if model is not None else None
         n_out = model.sizes[-1] if model is not None else None
+        classify = settings["loss"] == "cross_entropy"
+        classes = self.__dict__.get("_partial_classes") if classes is None else classes
+        if classes is not None and classify:
+            classes = labels.check_classes(classes)
+        client = None
         if self._reads_dask and (is_dask_array(X) or is_dask_array(y)):
             # read on the workers; without a cluster yet the data is computed here, as for serial training
             client = data_client(getattr(self, "client", None))
-            if client is not None:
-                return self._check_dask_data(client, X, y, validation_data, settings, n_in, n_out)
+        if client is not None:
+            X = check_dask_features_layout(X, "X", n_in)
+            if y is None:
+                raise invalid(
+                    "y", None, f"targets: {type(self).__name__} requires y to be passed, but the target y is None"
+                )
+            self._set_input_features(X, reset=reset)
+        else:
+            X, y = self._validated_numpy(X, y, settings, reset=reset)
+        if classify:
+            known = None if reset else self.classes_
+            found = labels.unique_labels(y, client) if known is None else None
+            fitted = known if known is not None else labels.fit_classes(found, classes=classes, n_outputs=n_out)
+            y = labels.encode(y, fitted)
+            n_out = n_out if n_out is not None else fitted.size
+            if validation_data is not None:
+                validation_data = (validation_data[0], labels.encode(validation_data[1], fitted, "validation_data[1]"))
+        if client is not None:
+            checked = check_dask_data(
+                client, X, y, validation_data, loss=settings["loss"], dtype=settings["dtype"], n_in=n_in, n_out=n_out
+            )
+            data = TrainingData(checked.X, checked.y, checked.n_outputs, checked.validation)
+        else:
+            data = self._numpy_data(X, y, validation_data, settings, n_in, n_out)
+        if classify:
+            self.classes_ = fitted
+        elif reset:
+            self.__dict__.pop("classes_", None)  # an earlier fit's, with another loss
+        if not reset:
+            # clipped to each call's data, as MLPClassifier's partial_fit: a small first block does not stick
+            settings["batch_size"] = self._check_batch_order()["batch_size"]
+        self._clip_batch_size(settings, data.n_samples)
+        return data
+
+    def _validated_numpy(self, X, y, settings, *, reset: bool):
+        """``X`` and ``y`` through scikit-learn's ``validate_data``: its messages, ``n_features_in_``, feature names.
+
+        Sparse, complex, empty and 1-d input is refused in scikit-learn's words;
+        integers and other real numbers are converted to the trained dtype.
+        Non-finite values are left to :func:`check_features`, which names the first.
+        """
+        regression = settings["loss"] != "cross_entropy"
+        X, y = validate_data(
+            self,
+            X,
+            y,
+            reset=reset,
+            dtype=settings["dtype"],
+            ensure_all_finite=False,
+            multi_output=regression,
+            y_numeric=regression,
+        )
+        return X, y
+
+    def _set_input_features(self, X, *, reset: bool) -> None:
+        """``n_features_in_`` of dask-array input, as ``validate_data`` sets it for numpy (no names: no frame)."""
+        if reset:
+            self.n_features_in_ = X.shape[1]
+            self.__dict__.pop("feature_names_in_", None)
+        elif X.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"X has {X.shape[1]} features, but {type(self).__name__} is expecting "
+                f"{self.n_features_in_} features as input."
+            )
+
+    def _numpy_data(self, X, y, validation_data, settings, n_in, n_out) -> TrainingData:
+        dtype = settings["dtype"]
         X = check_features(X, name="X", dtype=dtype, n_features=n_in)
+        if settings["loss"] != "cross_entropy":
+            y = np.asarray(y, dtype=dtype)
         y, n_outputs = check_targets(y, loss=settings["loss"], n_samples=X.shape[0], dtype=dtype, n_outputs=n_out)
-        if settings["batch_size"] is not None and settings["batch_size"] > X.shape[0]:
-            raise invalid("batch_size", settings["batch_size"], f"at most the number of samples ({X.shape[0]})")
         validation = None
         if validation_data is not None:
-            if not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2:
-                raise invalid("validation_data", type(validation_data).__name__, "a pair (X_val, y_val)", TypeError)
             Xv = check_features(validation_data[0], name="validation_data[0]", dtype=dtype, n_features=X.shape[1])
             yv, _ = check_targets(
                 validation_data[1],
@@ -375,18 +471,16 @@ class BaseTrainer(BaseEstimator):
             validation = (Xv, yv)
         return TrainingData(X, y, n_outputs, validation)
 
-    def _check_dask_data(self, client, X, y, validation_data, settings, n_in, n_out) -> TrainingData:
-        """Dask-array data checked on the workers in one reduction and kept there, persisted."""
-        if validation_data is not None and (
-            not isinstance(validation_data, (tuple, list)) or len(validation_data) != 2
-        ):
-            raise invalid("validation_data", type(validation_data).__name__, "a pair (X_val, y_val)", TypeError)
-        checked = check_dask_data(
-            client, X, y, validation_data, loss=settings["loss"], dtype=settings["dtype"], n_in=n_in, n_out=n_out
-        )
-        if settings["batch_size"] is not None and settings["batch_size"] > checked.X.shape[0]:
-            raise invalid("batch_size", settings["batch_size"], f"at most the number of samples ({checked.X.shape[0]})")
-        return TrainingData(checked.X, checked.y, checked.n_outputs, checked.validation)
+    @staticmethod
+    def _clip_batch_size(settings, n_samples: int) -> None:
+        """A ``batch_size`` above the rows trains on all of them each step, as ``MLPClassifier`` does."""
+        if settings["batch_size"] is not None and settings["batch_size"] > n_samples:
+            warnings.warn(
+                f"batch_size={settings['batch_size']} is larger than the {n_samples} samples; clipped to {n_samples}",
+                BatchSizeClipped,
+                stacklevel=4,
+            )
+            settings["batch_size"] = n_samples
 
     def _check_checkpoint_space(
         self, settings, sizes, start: int, stop: int, *, count: int | None = None, extra_steps: int = 0
@@ -409,13 +503,47 @@ class BaseTrainer(BaseEstimator):
         per_checkpoint = 2 * n_params * settings["dtype"].itemsize + CHECKPOINT_OVERHEAD
         store.check_free_space(self.checkpoint_dir, count * per_checkpoint + HISTORY_ALLOWANCE)
 
-    @staticmethod
-    def _check_length(steps, epochs, steps_per_epoch: int) -> int:
-        if (steps is None) == (epochs is None):
-            raise invalid("steps/epochs", (steps, epochs), "exactly one of steps or epochs")
+    def _check_length(self, steps, epochs, steps_per_epoch: int) -> int:
+        """Steps to train: ``fit``'s ``steps`` or ``epochs`` where given (at most one), else the settings'.
+
+        The settings' ``steps``, where set, wins over their ``epochs``.
+        """
+        check_int("epochs", self.epochs)
+        if self.steps is not None:
+            check_int("steps", self.steps)
+        if steps is not None and epochs is not None:
+            raise invalid("steps/epochs", (steps, epochs), "at most one of steps or epochs in fit")
+        if steps is None and epochs is None:
+            steps, epochs = self.steps, (self.epochs if self.steps is None else None)
         if steps is not None:
             return check_int("steps", steps)
         return check_int("epochs", epochs) * steps_per_epoch
+
+    # -- partial_fit ------------------------------------------------------------
+    def _first_partial_fit(self, X, y, classes, steps, epochs):
+        """The first ``partial_fit``: a fit of one epoch (or ``steps`` / ``epochs``) whose labels may be ``classes``."""
+        if X is None:
+            raise invalid("X", None, "training data on the first call of partial_fit")
+        self._partial_classes = classes
+        try:
+            return self.fit(X, y, steps=steps, epochs=1 if steps is None and epochs is None else epochs)
+        finally:
+            del self._partial_classes
+
+    def _check_partial_classes(self, classes) -> None:
+        """Later ``partial_fit`` calls may repeat ``classes``, not change them (scikit-learn's rule)."""
+        if classes is None or self._fitted_loss() != "cross_entropy":
+            return
+        if not np.array_equal(labels.check_classes(classes), self.classes_):
+            raise invalid("classes", classes, f"the classes of the first call, classes_={self.classes_.tolist()[:20]}")
+
+    def _partial_length(self, steps, epochs) -> int:
+        """Steps of one ``partial_fit`` call: ``steps``, ``epochs`` of the current data, or one epoch."""
+        if steps is not None and epochs is not None:
+            raise invalid("steps/epochs", (steps, epochs), "at most one of steps or epochs")
+        if steps is not None:
+            return check_int("steps", steps)
+        return check_int("epochs", 1 if epochs is None else epochs) * self.batch_order_.steps_per_epoch
 
     # -- set-up -----------------------------------------------------------------
     def _initial_model(self, settings, n_features, n_outputs, init_model: MLP | None) -> MLP:

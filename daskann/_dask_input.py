@@ -40,14 +40,13 @@ def is_dask_array(value) -> bool:
 
 def data_client(client):
     """The distributed client that dask-array data is read with: ``client``, the default one, or None."""
-    from distributed import Client, default_client
+    from distributed import Client
+
+    from daskann.cluster import current_sync_client
 
     if isinstance(client, Client):
         return client
-    try:
-        return default_client()
-    except ValueError:
-        return None
+    return current_sync_client()
 
 
 class DaskInput:

@@ -516,21 +516,50 @@ def resolve_client(c: Client | None = None, *, n_workers: int | None = None):
         log_dashboard(c, logging.INFO)
         yield c
         return
-    from distributed import default_client
-
-    try:
-        current = default_client()
-    except ValueError:
-        current = None
+    current = current_sync_client()
     if current is not None:
         log_dashboard(current, logging.INFO)
         yield current
         return
+    if in_worker_task():
+        # a fit inside a task (dask-ml's Incremental, a search) cannot start a cluster in a worker process
+        raise invalid(
+            "client",
+            None,
+            "a distributed.Client: inside a task on a Dask worker a parallel trainer cannot start a cluster of its "
+            "own (SerialTrainer needs none)",
+        )
     owned = client(n_workers=n_workers)
     try:
         yield owned
     finally:
         close(owned)
+
+
+def current_sync_client() -> Client | None:
+    """The default client, unless there is none or it is asynchronous here (in its own event loop).
+
+    Code that waits for results cannot use an asynchronous client, such as the one a
+    coroutine of dask-ml's searches runs under: it is left alone rather than taken by accident.
+    """
+    from distributed import default_client
+
+    try:
+        current = default_client()
+    except ValueError:
+        return None
+    return None if current.asynchronous else current
+
+
+def in_worker_task() -> bool:
+    """Whether this code runs inside a task on a Dask worker."""
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return False
+    return True
 
 
 def worker_addresses(c: Client) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 __all__ = [
     "DamagedStoreError",
+    "BatchSizeClipped",
     "DaskannError",
     "DiskFullError",
     "ExchangeAborted",
@@ -46,6 +47,10 @@ class TrainingDiverged(DaskannError, RuntimeError):
             f"the model keeps the last finite state (after {self.step - 1} steps). "
             "Lower the learning rate or the momentum."
         )
+
+
+class BatchSizeClipped(DaskannError, UserWarning):
+    """Warning: ``batch_size`` was larger than the data, so each step trains on all rows (as ``MLPClassifier``)."""
 
 
 # -- stores ------------------------------------------------------------------------

@@ -83,6 +83,8 @@ class SerialTrainer(BaseTrainer):
         lr=0.01,
         momentum=0.0,
         batch_size=32,
+        epochs=10,
+        steps=None,
         shuffle: bool | Literal["serialized"] = True,
         seed=0,
         dtype: FloatDType = "float64",
@@ -146,19 +148,38 @@ class SerialTrainer(BaseTrainer):
         self._run(model, velocity, done, total, history)
         return self
 
-    def partial_fit(self, X=None, y=None, *, steps=1):
-        """Continue training for ``steps`` more steps (same data when X, y are None)."""
-        if not hasattr(self, "model_"):
-            if X is None:
-                raise RuntimeError("partial_fit needs X and y on its first call")
-            return self.fit(X, y, steps=steps)
+    def partial_fit(self, X=None, y=None, classes=None, *, steps=None, epochs=None):
+        """Continue training: one more epoch over ``X`` (or ``steps`` / ``epochs``), as ``MLPClassifier``.
+
+        Parameters
+        ----------
+        X, y : array-like, optional
+            The data to train on; ``None`` continues on the data of the last call.
+            The first call fits on them from the initialisation.
+        classes : array-like, optional
+            Every class label of all calls (classifiers); the first call takes
+            them from ``y`` when not given, later calls must match ``classes_``.
+        steps, epochs : int, optional
+            How long to train in this call, at most one of the two; by default
+            one epoch over the data.
+
+        Returns
+        -------
+        self
+        """
+        if not self.__sklearn_is_fitted__():
+            return self._first_partial_fit(X, y, classes, steps, epochs)
+        self._check_partial_classes(classes)
         settings = self._settings
         if X is not None:
-            self._data = self._check_data(X, y, self._data.validation, settings, model=self.model_)
+            validation = self._data.validation
+            self._data = self._check_data(X, y, None, settings, model=self.model_, reset=False)
+            self._data.validation = validation
             self.batch_order_ = self._batch_order(settings, self._data.n_samples)
+        total = self._partial_length(steps, epochs)
         history = HistoryRecorder("step")
         history.extend_from(self.history_)
-        self._run(self.model_, self.velocity_, self.n_steps_, self.n_steps_ + steps, history)
+        self._run(self.model_, self.velocity_, self.n_steps_, self.n_steps_ + total, history)
         return self
 
     def _run(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:

@@ -8,15 +8,20 @@ Every dask test runs on the real distributed scheduler with worker processes
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 
-import dask
-import pytest
-from distributed import Client
-from distributed.diagnostics.plugin import SchedulerPlugin
+# scikit-learn's check_array_api_input runs (rather than skips) only with SciPy's array API mode on,
+# which must be chosen before SciPy is imported; with numpy input it changes nothing else
+os.environ.setdefault("SCIPY_ARRAY_API", "1")
 
-from daskann.cluster import local_cluster
+import dask  # noqa: E402
+import pytest  # noqa: E402
+from distributed import Client  # noqa: E402
+from distributed.diagnostics.plugin import SchedulerPlugin  # noqa: E402
+
+from daskann.cluster import local_cluster  # noqa: E402
 
 TEST_CONFIG = {
     # a pinned task whose worker is gone must fail, never hang

@@ -97,6 +97,12 @@ def _with_nan(a):
     return a
 
 
+def _sparse(a):
+    from scipy import sparse
+
+    return sparse.csr_array(a)
+
+
 def _with_inf(a):
     a = a.copy()
     a[5, 0] = np.inf
@@ -273,19 +279,53 @@ def _unreachable(env):
 # -- the catalogue -------------------------------------------------------------------------------------------------
 CASES: list[Case] = [
     # data: shapes, dtypes, non-finite values (one trainer each, all four covered)
-    Case("data-X-1d", "data", lambda e: _fit(_npt(e), e, X=e.X[:, 0]), ValueError, r"X="),
-    Case("data-X-int", "data", lambda e: _fit(_mgrit(e), e, X=e.X.astype(np.int64)), TypeError, r"X="),
-    Case("data-X-complex", "data", lambda e: _fit(SerialTrainer((5,), batch_size=16), e, X=e.X + 1j), TypeError, r"X="),
-    Case("data-X-ragged", "data", lambda e: _fit(_partition(e), e, X=[[1.0, 2.0], [3.0]] * 32), TypeError, r"X="),
-    Case("data-X-nan", "data", lambda e: _fit(_partition(e), e, X=_with_nan(e.X)), ValueError, r"X=.*NaN"),
-    Case("data-y-inf", "data", lambda e: _fit(_npt(e), e, y=_with_inf(e.y)), ValueError, r"y=.*NaN or Inf"),
-    Case("data-y-rows", "data", lambda e: _fit(_mgrit(e), e, y=e.y[:-1]), ValueError, r"y=.*rows"),
     Case(
-        "data-labels-negative",
+        "data-X-1d",
         "data",
-        lambda e: _fit(_partition(e, loss="cross_entropy", output="softmax"), e, y=e.labels - 1),
+        lambda e: _fit(_npt(e), e, X=e.X[:, 0]),
         ValueError,
-        r"y=.*labels >= 0",
+        r"Expected 2D array.*Reshape your data",
+    ),
+    Case("data-X-3d", "data", lambda e: _fit(_npt(e), e, X=e.X[:, :, None]), ValueError, r"Found array with dim 3"),
+    Case(
+        "data-X-strings",
+        "data",
+        lambda e: _fit(_mgrit(e), e, X=np.full(e.X.shape, "a", dtype=object)),
+        ValueError,
+        r"could not convert string to float",
+    ),
+    Case("data-X-complex", "data", lambda e: _fit(_npt(e), e, X=e.X + 1j), ValueError, r"Complex data not supported"),
+    Case(
+        "data-X-sparse", "data", lambda e: _fit(_npt(e), e, X=_sparse(e.X)), TypeError, r"Sparse data was passed for X"
+    ),
+    Case("data-X-empty", "data", lambda e: _fit(_npt(e), e, X=e.X[:0], y=e.y[:0]), ValueError, r"0 sample\(s\)"),
+    Case("data-X-no-features", "data", lambda e: _fit(_npt(e), e, X=e.X[:, :0]), ValueError, r"0 feature\(s\)"),
+    Case(
+        "data-X-ragged",
+        "data",
+        lambda e: _fit(_partition(e), e, X=[[1.0, 2.0], [3.0]] * 32),
+        ValueError,
+        r"inhomogeneous",
+    ),
+    Case("data-X-nan", "data", lambda e: _fit(_partition(e), e, X=_with_nan(e.X)), ValueError, r"X=.*NaN"),
+    Case("data-y-inf", "data", lambda e: _fit(_npt(e), e, y=_with_inf(e.y)), ValueError, r"Input y contains infinity"),
+    Case("data-y-none", "data", lambda e: _npt(e).fit(e.X, None, steps=8), ValueError, r"requires y to be passed"),
+    Case(
+        "data-y-rows", "data", lambda e: _fit(_mgrit(e), e, y=e.y[:-1]), ValueError, r"inconsistent numbers of samples"
+    ),
+    Case(
+        "data-labels-continuous",
+        "data",
+        lambda e: _fit(_npt(e, loss="cross_entropy", output="softmax"), e, y=e.y[:, 0]),
+        ValueError,
+        r"Unknown label type: continuous",
+    ),
+    Case(
+        "data-labels-2d",
+        "data",
+        lambda e: _fit(_partition(e, loss="cross_entropy", output="softmax"), e, y=np.c_[e.labels, e.labels]),
+        ValueError,
+        r"y should be a 1d array",
     ),
     Case(
         "data-validation-width",
@@ -304,13 +344,9 @@ CASES: list[Case] = [
     # common settings
     Case("settings-lr-nan", "serial", lambda e: _fit(SerialTrainer((5,), lr=float("nan")), e), ValueError, r"lr="),
     Case("settings-momentum-1", "npt", lambda e: _fit(_npt(e, momentum=1.0), e), ValueError, r"momentum="),
-    Case(
-        "settings-batch-gt-samples",
-        "partition",
-        lambda e: _fit(_partition(e, batch_size=65), e),
-        ValueError,
-        r"batch_size=",
-    ),
+    Case("settings-batch-0", "partition", lambda e: _fit(_partition(e, batch_size=0), e), ValueError, r"batch_size="),
+    Case("settings-epochs-0", "mgrit", lambda e: _fit(_mgrit(e, epochs=0), e, steps=None), ValueError, r"epochs="),
+    Case("settings-steps-float", "npt", lambda e: _fit(_npt(e, steps=2.5), e, steps=None), TypeError, r"steps="),
     Case("settings-dtype-f16", "mgrit", lambda e: _fit(_mgrit(e, dtype="float16"), e), TypeError, r"dtype="),
     Case("settings-steps-0", "npt", lambda e: _fit(_npt(e), e, steps=0), ValueError, r"steps="),
     # NPT: grids and modes

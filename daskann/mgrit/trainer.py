@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import shutil
 import time
 import warnings
@@ -31,6 +32,9 @@ from daskann.mgrit.propagators import SGDPropagator
 from daskann.mgrit.solver import MGRIT, MGRITResult
 from daskann.nn import MLP, SGD
 from daskann.serial import SerialTrainer
+
+#: fewest steps a coarsest level keeps (the solver's ``min_coarse``, XBraid's ``SetMinCoarse``)
+MIN_COARSE = 2
 
 SCHEDULERS = ("distributed", "threads", "sync", "inprocess")
 
@@ -164,6 +168,8 @@ class MGRITTrainer(BaseTrainer):
         lr=0.01,
         momentum=0.0,
         batch_size=32,
+        epochs=10,
+        steps=None,
         shuffle=True,
         seed=0,
         dtype: FloatDType = "float64",
@@ -288,8 +294,27 @@ class MGRITTrainer(BaseTrainer):
             velocity, done = SGD.init_state(model.params), 0
         if total <= done:
             raise invalid("steps", total, f"more than the {done} steps the resumed checkpoint holds")
+        options = self._levels_for(options, total - done)
         self._check_checkpoint_space(settings, model.sizes, done, total, count=1)  # one, at the end
         return _FitRun(settings, options, scheduler, data, order, total, model, velocity, done, resume)
+
+    def _levels_for(self, options: dict, n_steps: int) -> dict:
+        """A preset's ``levels`` is a maximum, as XBraid's ``max_levels``: a short run keeps the levels its steps allow.
+
+        Levels set explicitly are kept, and a run too short for them is refused by the solver's check.
+        """
+        if self.levels is not None:
+            return options
+        factors = options["cfactor"] if isinstance(options["cfactor"], (list, tuple)) else None
+        levels = 1
+        while levels < options["levels"]:
+            span = math.prod(factors[:levels]) if factors else options["cfactor"] ** levels
+            if n_steps // span < MIN_COARSE:
+                break
+            levels += 1
+        if levels == options["levels"]:
+            return options
+        return {**options, "levels": levels, "cfactor": list(factors[: levels - 1]) if factors else options["cfactor"]}
 
     def _resume_checkpoint(self, resume, settings, data, order):
         """The checkpoint to start from (or None), and ``resume`` as the reference run sees it."""

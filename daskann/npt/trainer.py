@@ -129,6 +129,8 @@ class NPTTrainer(BaseTrainer):
         lr=0.01,
         momentum=0.0,
         batch_size=32,
+        epochs=10,
+        steps=None,
         shuffle=True,
         seed=0,
         dtype: FloatDType = "float64",
@@ -316,26 +318,30 @@ class NPTTrainer(BaseTrainer):
             what=f"{grid.rows}x{grid.cols} blocks (weights, velocity and Cannon operands in flight)",
         )
 
-    def partial_fit(self, X=None, y=None, *, steps=1):
-        """Continue training for ``steps`` more steps on the same grid (same data when X, y are None).
+    def partial_fit(self, X=None, y=None, classes=None, *, steps=None, epochs=None):
+        """Continue training on the same grid: one more epoch over ``X`` (or ``steps`` / ``epochs``).
+
+        Parameters as :meth:`daskann.SerialTrainer.partial_fit`: the first call fits
+        (``classes`` fixing the labels), later ones continue on ``X, y`` or, when
+        they are None, on the data of the last call.
 
         The cells continue from the last store they wrote or, in resident mode, from the state in their
         memory; the client loads no block. Without ``checkpoint_dir``, a resident run that loses a grid
         worker during ``partial_fit`` loses that state and fails.
         """
         if not self.__sklearn_is_fitted__():
-            if X is None:
-                raise RuntimeError("partial_fit needs X and y on its first call")
-            return self.fit(X, y, steps=steps)
-        from daskann._validation import check_int
+            return self._first_partial_fit(X, y, classes, steps, epochs)
         from daskann.cluster import current_client, resolve_client
 
-        steps = check_int("steps", steps)
+        self._check_partial_classes(classes)
         settings = self._settings
         if X is not None:
             # checked against the net's sizes: the model stays where it is (on the grid, or in its store)
-            self._data = self._check_data(X, y, self._data.validation, settings, model=_sized(self._sizes))
+            validation = self._data.validation
+            self._data = self._check_data(X, y, None, settings, model=_sized(self._sizes), reset=False)
+            self._data.validation = validation
             self.batch_order_ = self._batch_order(settings, self._data.n_samples)
+        steps = self._partial_length(steps, epochs)
         history = HistoryRecorder("step")
         history.extend_from(self.history_)
         with resolve_client(self.client) as client, current_client(client), self._run_lock():

@@ -153,6 +153,8 @@ class PartitionTrainer(BaseTrainer):
         lr=0.01,
         momentum=0.0,
         batch_size=32,
+        epochs=10,
+        steps=None,
         shuffle=True,
         seed=0,
         dtype: FloatDType = "float64",
@@ -326,12 +328,10 @@ class PartitionTrainer(BaseTrainer):
                 sub_total = settings["sub_epochs"] * order.steps_per_epoch
             else:
                 sub_total = settings["sub_steps"] or total
-        elif steps is not None or epochs is not None:
-            sub_total = self._check_length(steps, epochs, order.steps_per_epoch)
-        elif settings["sub_steps"] is not None or settings["sub_epochs"] is not None:
+        elif steps is None and epochs is None and (settings["sub_steps"] or settings["sub_epochs"]) is not None:
             sub_total = settings["sub_steps"] or settings["sub_epochs"] * order.steps_per_epoch
         else:
-            raise invalid("steps/epochs", (steps, epochs), "one of them, or sub_steps or sub_epochs set on the trainer")
+            sub_total = self._check_length(steps, epochs, order.steps_per_epoch)
         sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
         partition = split_network(sizes, settings["k"])
         # the sub-models together hold fewer parameters than the full network: an upper bound
@@ -618,15 +618,31 @@ class PartitionTrainer(BaseTrainer):
             attrs["diversity_disagreement"] = self.diversity_["disagreement"]
         return attrs
 
-    def partial_fit(self, X=None, y=None, *, steps=1):
-        """Fine-tune the full network for ``steps`` more steps (same data when X, y are None)."""
-        self._check_fitted()
+    def partial_fit(self, X=None, y=None, classes=None, *, steps=None, epochs=None):
+        """Fine-tune the full network one more epoch over ``X`` (or ``steps`` / ``epochs``).
+
+        Parameters as :meth:`daskann.SerialTrainer.partial_fit`. The first call
+        runs the whole method (sub-models, merge, fine-tuning) for one epoch (or
+        ``steps`` / ``epochs``); later calls fine-tune the full network on ``X, y``
+        or, when they are None, on the data of the last call.
+        """
+        if not self.__sklearn_is_fitted__():
+            return self._first_partial_fit(X, y, classes, steps, epochs)
+        self._check_partial_classes(classes)
         trainer = self._finetuner
-        trainer.partial_fit(X, y, steps=steps)
+        if X is not None:
+            # the fine-tuner trains on label positions: checked here, against this trainer's classes_
+            X, y = self._encoded_for_finetuner(X, y)
+        trainer.partial_fit(X, y, steps=steps, epochs=epochs)
         self.model_, self.velocity_, self.n_steps_ = trainer.model_, trainer.velocity_, trainer.n_steps_
         self.history_ = self._timeline(trainer.history_, self._finetune_offset)
         self.history_.attrs.update(self._run_attrs())
         return self
+
+    def _encoded_for_finetuner(self, X, y):
+        """``X, y`` checked against this trainer's fit (features, ``classes_``), labels as their positions."""
+        data = self._check_data(X, y, None, self._settings, model=self.model_, reset=False)
+        return data.X, data.y
 
 
 def _shared_copies(client, data, prefix: str):
