@@ -213,8 +213,8 @@ def report_options(func):
 PARAMETER_OPTIONS = {"hidden_sizes": "hidden", "path": "data_path", "cf_iter": "relaxation", "data": "data_store"}
 _ERRORS = (ValueError, TypeError, FileNotFoundError, ConnectionError, store.StoreError)
 # "name=value is not valid: ..." (daskann._validation.invalid); "a/b=..." for pairs of parameters,
-# "name[i]=..." for an entry of a list
-_PARAMETER_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:/[A-Za-z_]\w*)*)(?:\[\d+\])?=")
+# "name[i]=..." for an entry of a list; "group['name']=..." for an option of a trainer's option group
+_PARAMETER_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\['([A-Za-z_]\w*)'\]|([A-Za-z_]\w*(?:/[A-Za-z_]\w*)*))(?:\[\d+\])?=")
 
 
 def _option_flags(aliases: dict[str, str]) -> dict[str, str]:
@@ -232,17 +232,21 @@ def flag_message(message: str, aliases: dict[str, str] | None = None) -> str:
     """``message`` with its leading parameter name replaced by the option's flag.
 
     ``"batch_size=0 is not valid: ..."`` becomes ``"--batch-size=0 is not
-    valid: ..."``; a message that names no option of the running command is
-    left as it is.
+    valid: ..."``, as ``"solver['cfactor']=1 ..."`` becomes
+    ``"--coarsening=1 ..."``; a message that names no option of the running
+    command is left as it is.
     """
     match = _PARAMETER_PREFIX.match(message)
     if match is None:
         return message
     flags = _option_flags(aliases or {})
-    names = match.group(1).split("/")
+    if match.group(1) is not None:  # group['name']: the flag replaces the group and the brackets
+        names, end = [match.group(1)], match.end(1) + len("']")
+    else:
+        names, end = match.group(2).split("/"), match.end(2)
     if not all(name in flags for name in names):
         return message
-    return "/".join(flags[name] for name in names) + message[match.end(1) :]
+    return "/".join(flags[name] for name in names) + message[end:]
 
 
 @contextlib.contextmanager

@@ -36,10 +36,10 @@ from daskann import SerialTrainer, store
 from daskann.cli import main
 from daskann.cluster import client as make_client
 from daskann.data import make_linear
-from daskann.mgrit import MGRITTrainer
+from daskann.mgrit import MGRITSolverOptions, MGRITTrainer
 from daskann.nn import MLP
-from daskann.npt import NPTTrainer
-from daskann.partition import PartitionTrainer
+from daskann.npt import NPTEngineOptions, NPTTrainer
+from daskann.partition import PartitionMergeOptions, PartitionSplitOptions, PartitionTrainer
 
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -76,7 +76,9 @@ def _npt(env, **kwargs):
 
 
 def _mgrit(env, **kwargs):
-    params = dict(levels=2, cfactor=4, batch_size=16, client=env.client)
+    params = dict(solver={"levels": 2, "cfactor": 4}, batch_size=16, client=env.client)
+    if isinstance(kwargs.get("solver"), dict):
+        kwargs["solver"] = {**params["solver"], **kwargs["solver"]}
     params.update(kwargs)
     return MGRITTrainer((5,), **params)
 
@@ -361,33 +363,117 @@ CASES: list[Case] = [
     Case("npt-grid-not-rectangular", "npt", lambda e: _fit(_npt(e, grid="2x3x4"), e), ValueError, r"grid='2x3x4'"),
     Case("npt-grid-zero", "npt", lambda e: _fit(_npt(e, grid=(0, 2)), e), ValueError, r"grid\[0\]=0"),
     Case("npt-mode-unknown", "npt", lambda e: _fit(_npt(e, mode="fast"), e), ValueError, r"mode='fast'"),
-    Case("npt-pipeline-unknown", "npt", lambda e: _fit(_npt(e, pipeline="deep"), e), ValueError, r"pipeline='deep'"),
-    Case("npt-multithreaded-deterministic", "npt", _multithreaded, ValueError, r"deterministic=True", own_cluster=True),
+    Case(
+        "npt-pipeline-unknown",
+        "npt",
+        lambda e: _fit(_npt(e, engine={"pipeline": "deep"}), e),
+        ValueError,
+        r"engine\['pipeline'\]='deep'.*'fused'",
+    ),
+    Case(
+        "npt-engine-unknown-key",
+        "npt",
+        lambda e: _fit(_npt(e, engine={"pipelines": "fused"}), e),
+        ValueError,
+        r"engine\['pipelines'\]='fused' is not valid: expected one of the engine options .*'pipeline'",
+    ),
+    Case(
+        "npt-engine-not-a-group",
+        "npt",
+        lambda e: _fit(_npt(e, engine="fast"), e),
+        TypeError,
+        r"engine='fast'.*NPTEngineOptions",
+    ),
+    Case(
+        "npt-engine-options-timeout-0",
+        "npt",
+        lambda e: _fit(_npt(e, engine=NPTEngineOptions(timeout=0)), e),
+        ValueError,
+        r"engine\['timeout'\]=0",
+    ),
+    Case(
+        "npt-multithreaded-deterministic",
+        "npt",
+        _multithreaded,
+        ValueError,
+        r"engine\['deterministic'\]=True",
+        own_cluster=True,
+    ),
     # MGRIT: solver parameters and stores
-    Case("mgrit-levels-too-deep", "mgrit", lambda e: _fit(_mgrit(e, levels=9), e, steps=64), ValueError, r"levels="),
-    Case("mgrit-cfactor-1", "mgrit", lambda e: _fit(_mgrit(e, cfactor=1), e), ValueError, r"cfactor="),
+    Case(
+        "mgrit-levels-too-deep",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, solver={"levels": 9}), e, steps=64),
+        ValueError,
+        r"solver\['levels'\]=",
+    ),
+    Case(
+        "mgrit-cfactor-1",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, solver={"cfactor": 1}), e),
+        ValueError,
+        r"solver\['cfactor'\]=1",
+    ),
+    Case(
+        "mgrit-solver-unknown-key",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, solver={"cfactr": 2}), e),
+        ValueError,
+        r"solver\['cfactr'\]=2 is not valid: expected one of the solver options .*'cfactor'",
+    ),
+    Case(
+        "mgrit-engine-unknown-key",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, engine={"schedular": "sync"}), e),
+        ValueError,
+        r"engine\['schedular'\]='sync' is not valid: expected one of the engine options .*'scheduler'",
+    ),
+    Case(
+        "mgrit-solver-not-a-group",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, solver=["levels", 2]), e),
+        TypeError,
+        r"solver=\['levels', 2\].*a dict of solver options or MGRITSolverOptions",
+    ),
+    Case(
+        "mgrit-solver-options-cycle-unknown",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, solver=MGRITSolverOptions(levels=2, cycle_type="W")), e),
+        ValueError,
+        r"solver\['cycle_type'\]='W'",
+    ),
+    Case(
+        "mgrit-require-convergence-not-bool",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, solver={"require_convergence": "yes"}), e),
+        TypeError,
+        r"solver\['require_convergence'\]='yes'.*True or False",
+    ),
     Case(
         "mgrit-preset-unknown", "mgrit", lambda e: _fit(_mgrit(e, preset="solver9"), e), ValueError, r"preset='solver9'"
     ),
-    Case("mgrit-tol-0", "mgrit", lambda e: _fit(_mgrit(e, tol=0.0), e), ValueError, r"tol="),
+    Case("mgrit-tol-0", "mgrit", lambda e: _fit(_mgrit(e, solver={"tol": 0.0}), e), ValueError, r"solver\['tol'\]="),
     Case(
         "mgrit-steps-too-few",
         "mgrit",
-        lambda e: _fit(_mgrit(e, levels=3, cfactor=4), e, steps=3),
+        lambda e: _fit(_mgrit(e, solver={"levels": 3, "cfactor": 4}), e, steps=3),
         ValueError,
-        r"levels=.*steps",
+        r"solver\['levels'\]=.*steps",
     ),
     Case(
         "mgrit-scheduler-unknown",
         "mgrit",
-        lambda e: _fit(_mgrit(e, scheduler="gpu"), e),
+        lambda e: _fit(_mgrit(e, engine={"scheduler": "gpu"}), e),
         ValueError,
-        r"scheduler='gpu'",
+        r"engine\['scheduler'\]='gpu'",
     ),
     Case(
         "mgrit-store-is-a-file",
         "mgrit",
-        lambda e: (e.tmp.joinpath("file.zarr").write_text("x"), _fit(_mgrit(e, store=e.tmp / "file.zarr"), e)),
+        lambda e: (
+            e.tmp.joinpath("file.zarr").write_text("x"),
+            _fit(_mgrit(e, engine={"store": e.tmp / "file.zarr"}), e),
+        ),
         store.StoreError,
         r"store=.*a folder",
     ),
@@ -397,26 +483,51 @@ CASES: list[Case] = [
     Case(
         "partition-combine-unknown",
         "partition",
-        lambda e: _fit(_partition(e, combine="max"), e),
+        lambda e: _fit(_partition(e, merge={"combine": "max"}), e),
         ValueError,
-        r"combine='max'",
+        r"merge\['combine'\]='max'",
     ),
     Case(
         "partition-noise-nan",
         "partition",
-        lambda e: _fit(_partition(e, noise=float("nan")), e),
+        lambda e: _fit(_partition(e, merge=PartitionMergeOptions(noise=float("nan"))), e),
         ValueError,
-        r"noise=nan",
+        r"merge\['noise'\]=nan",
     ),
     Case(
-        "partition-noise-negative", "partition", lambda e: _fit(_partition(e, noise=-0.1), e), ValueError, r"noise=-0.1"
+        "partition-noise-negative",
+        "partition",
+        lambda e: _fit(_partition(e, merge={"noise": -0.1}), e),
+        ValueError,
+        r"merge\['noise'\]=-0.1",
+    ),
+    Case(
+        "partition-merge-unknown-key",
+        "partition",
+        lambda e: _fit(_partition(e, merge={"nois": 0.0}), e),
+        ValueError,
+        r"merge\['nois'\]=0.0 is not valid: expected one of the merge options .*'noise'",
+    ),
+    Case(
+        "partition-split-unknown-key",
+        "partition",
+        lambda e: _fit(_partition(e, split={"steps": 4}), e),
+        ValueError,
+        r"split\['steps'\]=4 is not valid: expected one of the split options .*'sub_steps'",
+    ),
+    Case(
+        "partition-split-retries-negative",
+        "partition",
+        lambda e: _fit(_partition(e, split=PartitionSplitOptions(retries=-1)), e),
+        ValueError,
+        r"split\['retries'\]=-1",
     ),
     Case(
         "partition-npt-parallel",
         "partition",
-        lambda e: _fit(_partition(e, sub_trainer="npt"), e),
+        lambda e: _fit(_partition(e, split={"sub_trainer": "npt"}), e),
         ValueError,
-        r"mode='parallel'",
+        r"split\['mode'\]='parallel'",
     ),
     # damaged, foreign or busy stores
     Case(
@@ -475,7 +586,7 @@ CASES: list[Case] = [
     Case(
         "output-full-mgrit-store",
         "store",
-        lambda e: _full_fit(_mgrit, e, store=e.tmp / "traj.zarr"),
+        lambda e: _full_fit(_mgrit, e, engine={"store": e.tmp / "traj.zarr"}),
         store.DiskFullError,
         r"store=.*1000 bytes free",
     ),
@@ -530,7 +641,7 @@ CASES: list[Case] = [
     Case(
         "oom-mgrit",
         "mgrit",
-        _out_of_memory(lambda c: MGRITTrainer((5,), levels=2, cfactor=4, client=c)),
+        _out_of_memory(lambda c: MGRITTrainer((5,), solver={"levels": 2, "cfactor": 4}, client=c)),
         ValueError,
         r"X=.*memory_limit",
         own_cluster=True,

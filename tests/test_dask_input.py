@@ -66,10 +66,18 @@ def _from_zarr(tmp_path, X, y):
 def _trainers(client2, client4):
     yield "npt-graph-2x2", NPTTrainer, {"grid": (2, 2), "mode": "graph", "client": client4}
     yield "npt-resident-2x2", NPTTrainer, {"grid": (2, 2), "mode": "resident", "client": client4}
-    yield "mgrit", MGRITTrainer, {"levels": 2, "cfactor": 4, "client": client2}
-    yield "mgrit-auto-cap", MGRITTrainer, {"levels": 2, "cfactor": 4, "alpha_cap": "auto", "client": client2}
-    yield "partition", PartitionTrainer, {"k": 2, "sub_steps": 4, "client": client2}
-    yield "partition-npt", PartitionTrainer, {"k": 2, "sub_steps": 4, "sub_trainer": "npt", "client": client2}
+    yield "mgrit", MGRITTrainer, {"solver": {"levels": 2, "cfactor": 4}, "client": client2}
+    yield (
+        "mgrit-auto-cap",
+        MGRITTrainer,
+        {"solver": {"levels": 2, "cfactor": 4, "alpha_cap": "auto"}, "client": client2},
+    )
+    yield "partition", PartitionTrainer, {"k": 2, "split": {"sub_steps": 4}, "client": client2}
+    yield (
+        "partition-npt",
+        PartitionTrainer,
+        {"k": 2, "split": {"sub_steps": 4, "sub_trainer": "npt"}, "client": client2},
+    )
 
 
 TRAINERS = ["npt-graph-2x2", "npt-resident-2x2", "mgrit", "mgrit-auto-cap", "partition", "partition-npt"]
@@ -92,7 +100,7 @@ def test_dask_input_equals_numpy_input(name, loss, problem, client2, client4, tm
         **options,
     }
     if name == "partition-npt":
-        settings.update(npt_options={"grid": (1, 2)}, mode="sequential")
+        settings["split"] = {**settings["split"], "npt_options": {"grid": (1, 2)}, "mode": "sequential"}
     expected = cls(**settings).fit(X, target, steps=8, validation_data=(X[:30], target[:30]))
     dX, dy, dXv, dyv = _from_zarr(tmp_path, X, target)
     got = cls(**settings).fit(dX, dy, steps=8, validation_data=(dXv, dyv))
@@ -277,7 +285,7 @@ def test_mgrit_without_momentum_takes_the_last_gradient_on_a_worker(problem, cli
     X, y, _ = problem
     settings = dict(batch_size=16, lr=0.01, momentum=0.0, seed=0)
     serial = SerialTrainer((8,), **settings).fit(X, y, steps=32)
-    settings.update(levels=2, cfactor=4, client=client2)
+    settings.update(solver={"levels": 2, "cfactor": 4}, client=client2)
     expected = MGRITTrainer((8,), **settings).fit(X, y, steps=32)
     got = MGRITTrainer((8,), **settings).fit(da.from_array(X, chunks=(25, 5)), da.from_array(y, chunks=17), steps=32)
     assert got.result_.ended == "converged"
@@ -293,8 +301,8 @@ def _predictors(client2, client4):
     yield "serial", SerialTrainer, {}
     yield "npt-graph-2x2", NPTTrainer, {"grid": (2, 2), "mode": "graph", "client": client4}
     yield "npt-resident-1x2", NPTTrainer, {"grid": (1, 2), "mode": "resident", "client": client2}
-    yield "mgrit", MGRITTrainer, {"levels": 2, "cfactor": 4, "client": client2}
-    yield "partition", PartitionTrainer, {"k": 2, "sub_steps": 4, "client": client2}
+    yield "mgrit", MGRITTrainer, {"solver": {"levels": 2, "cfactor": 4}, "client": client2}
+    yield "partition", PartitionTrainer, {"k": 2, "split": {"sub_steps": 4}, "client": client2}
 
 
 def _compute(array, options):

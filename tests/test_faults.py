@@ -271,7 +271,7 @@ def _report_equal(name, state, ref, **figures):
 
 
 # -- NPT, graph mode -----------------------------------------------------------------------------------
-NPT_KW = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3, grid="2x2", timeout=60.0)
+NPT_KW = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3, grid="2x2", engine={"timeout": 60.0})
 NPT_GRAPH_STEPS = 30
 
 
@@ -403,12 +403,8 @@ MGRIT_KW = dict(
     momentum=0.9,
     batch_size=16,
     seed=0,
-    levels=3,
-    cfactor=4,
-    tol=1e-9,
-    max_iter=30,
-    intervals_per_task=16,
-    timeout=120.0,
+    solver={"levels": 3, "cfactor": 4, "tol": 1e-9, "max_iter": 30},
+    engine={"intervals_per_task": 16, "timeout": 120.0},
 )
 MGRIT_STEPS = 256
 
@@ -418,10 +414,11 @@ def mgrit_data():
     return make_linear(256, 8, 1, seed=0)
 
 
-def _mgrit(client, **kw):
+def _mgrit(client, *, store=None, **kw):
     from daskann.mgrit import MGRITTrainer
 
-    return MGRITTrainer((8,), client=client, **{**MGRIT_KW, **kw})
+    trainer = MGRITTrainer((8,), client=client, **{**MGRIT_KW, **kw})
+    return trainer.set_params(engine__store=store) if store is not None else trainer
 
 
 @pytest.fixture(scope="module")
@@ -606,7 +603,15 @@ def test_mgrit_all_workers_killed_at_once_rescatters_and_is_bit_identical(
 
 
 # -- partitioned training ------------------------------------------------------------------------------
-PART_KW = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3, k=2, noise=0.02, sub_steps=3000, retries=2, timeout=240.0)
+PART_KW = dict(
+    lr=0.05,
+    momentum=0.9,
+    batch_size=20,
+    seed=3,
+    k=2,
+    merge={"noise": 0.02},
+    split={"sub_steps": 3000, "retries": 2, "timeout": 240.0},
+)
 PART_STEPS = 20
 
 
@@ -625,7 +630,7 @@ def _part_state(trainer):
 def partition_reference(fclient, regression):
     X, y = regression
     trainer, seconds = _timed(lambda: _partition(fclient).fit(X, y, steps=PART_STEPS))
-    _report("partition undisturbed", sub_steps=PART_KW["sub_steps"], steps=PART_STEPS, seconds=seconds)
+    _report("partition undisturbed", sub_steps=PART_KW["split"]["sub_steps"], steps=PART_STEPS, seconds=seconds)
     return _part_state(trainer), seconds
 
 
@@ -738,8 +743,10 @@ CLI = {
         n_outputs=1,
         hidden=8,
         steps=MGRIT_STEPS,
-        coarsening=MGRIT_KW["cfactor"],
-        **{k: MGRIT_KW[k] for k in ("lr", "momentum", "batch_size", "levels", "tol", "max_iter", "intervals_per_task")},
+        coarsening=MGRIT_KW["solver"]["cfactor"],
+        **{k: MGRIT_KW[k] for k in ("lr", "momentum", "batch_size")},
+        **{k: MGRIT_KW["solver"][k] for k in ("levels", "tol", "max_iter")},
+        intervals_per_task=MGRIT_KW["engine"]["intervals_per_task"],
     ),
     "partition": _train_args(
         "partition", **SMALL_NET, hidden="32,32", k=2, sub_steps=2000, steps=100, checkpoint_every=250

@@ -136,7 +136,9 @@ def test_npt_weights_are_born_on_the_grid_not_scattered(client4, monkeypatch, mo
     X, y = make_linear(60, 40, 3, noise=0.1, seed=1)
     kwargs = dict(lr=0.05, momentum=0.9, batch_size=12, seed=6)
     sent = _scatters(monkeypatch, client4)
-    npt = NPTTrainer((150,), grid=grid, mode=mode, share_workers=share, client=client4, **kwargs).fit(X, y, steps=3)
+    npt = NPTTrainer((150,), grid=grid, mode=mode, engine={"share_workers": share}, client=client4, **kwargs).fit(
+        X, y, steps=3
+    )
     serial = SerialTrainer((150,), **kwargs).fit(X, y, steps=3)
     for a, b in zip(npt.model_.params + npt.velocity_, serial.model_.params + serial.velocity_, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)

@@ -101,8 +101,7 @@ def _npt_2x2(c):
         (6,),
         grid="2x2",
         mode="graph",
-        pipeline="fused",
-        share_workers=True,
+        engine={"pipeline": "fused", "share_workers": True},
         batch_size=16,
         lr=0.05,
         momentum=0.5,
@@ -113,7 +112,14 @@ def _npt_2x2(c):
 
 def _npt_1x2(c):
     return NPTTrainer(
-        (5, 4), grid="1x2", mode="graph", pipeline="fused", share_workers=True, batch_size=8, lr=0.05, seed=2, client=c
+        (5, 4),
+        grid="1x2",
+        mode="graph",
+        engine={"pipeline": "fused", "share_workers": True},
+        batch_size=8,
+        lr=0.05,
+        seed=2,
+        client=c,
     )
 
 
@@ -123,7 +129,12 @@ def _partition(c):
 
 def _mgrit(c):
     return MGRITTrainer(
-        (5,), levels=2, cfactor=4, max_iter=3, require_convergence=False, batch_size=16, lr=0.05, seed=4, client=c
+        (5,),
+        solver={"levels": 2, "cfactor": 4, "max_iter": 3, "require_convergence": False},
+        batch_size=16,
+        lr=0.05,
+        seed=4,
+        client=c,
     )
 
 

@@ -278,23 +278,20 @@ def test_converged_training_equals_serial_on_every_scheduler(momentum, train_dat
         momentum=momentum,
         batch_size=16,
         seed=0,
-        levels=3,
-        cfactor=4,
-        tol=1e-9,
-        max_iter=30,
-        intervals_per_task=32,
+        solver={"levels": 3, "cfactor": 4, "tol": 1e-9, "max_iter": 30},
     )
     runs = {}
     schedulers = [
         ("2 workers", dict(client=cluster_factory(2))),
-        ("threads", dict(scheduler="threads")),
+        ("threads", dict(engine={"scheduler": "threads"})),
         ("1 worker", dict(client=cluster_factory(1))),
     ]
     if momentum == 0.0:
-        schedulers.append(("in-process", dict(scheduler="inprocess")))
+        schedulers.append(("in-process", dict(engine={"scheduler": "inprocess"})))
     for name, kwargs in schedulers:
         start = time.perf_counter()
-        t = MGRITTrainer((8,), **common, **kwargs).fit(X, y, steps=512)
+        engine = {"intervals_per_task": 32, **kwargs.pop("engine", {})}
+        t = MGRITTrainer((8,), **common, engine=engine, **kwargs).fit(X, y, steps=512)
         runs[name] = t
         error = _rel(_flat(t.model_.params + t.velocity_), ref)
         print(
@@ -320,9 +317,9 @@ def test_inprocess_solve_gives_the_cluster_bits_under_a_threaded_blas(client2):
 
     rng = np.random.default_rng(0)
     X, y = rng.standard_normal((256, 784)), rng.integers(0, 3, 256)
-    common = dict(lr=1e-3, batch_size=64, seed=0, levels=2, cfactor=4, loss="cross_entropy")
+    common = dict(lr=1e-3, batch_size=64, seed=0, solver={"levels": 2, "cfactor": 4}, loss="cross_entropy")
     with threadpool_limits(2, user_api="blas"):
-        local = MGRITTrainer((64,), **common, scheduler="inprocess").fit(X, y, steps=16)
+        local = MGRITTrainer((64,), **common, engine={"scheduler": "inprocess"}).fit(X, y, steps=16)
     cluster = MGRITTrainer((64,), **common, client=client2).fit(X, y, steps=16)
     assert cluster.result_.executor == "distributed"
     assert local.result_.residuals == cluster.result_.residuals
@@ -338,7 +335,12 @@ def test_relative_stopping_preset_still_equals_serial(momentum, train_data):
     serial = _serial(X, y, 512, lr=lr, momentum=momentum, hidden=(8,))
     ref = _flat(serial.model_.params + serial.velocity_)
     common = dict(
-        lr=lr, momentum=momentum, batch_size=16, seed=0, levels=3, cfactor=4, max_iter=30, scheduler="inprocess"
+        lr=lr,
+        momentum=momentum,
+        batch_size=16,
+        seed=0,
+        solver={"levels": 3, "cfactor": 4, "max_iter": 30},
+        engine={"scheduler": "inprocess"},
     )
     assert resolve_preset("solver4") == resolve_preset("solver2", rtol=1e-9)
     relative = MGRITTrainer((8,), preset="solver4", **common).fit(X, y, steps=512)
@@ -365,11 +367,9 @@ def test_unstable_configuration_is_an_error_not_a_result(train_data):
         momentum=0.9,
         batch_size=16,
         preset="solver1",
-        levels=3,
-        cfactor=4,
-        max_iter=20,
-        scheduler="inprocess",
-        require_convergence=True,  # the strict solver; the adaptive default is tests/test_mgrit_adaptive.py
+        # the strict solver; the adaptive default is tests/test_mgrit_adaptive.py
+        solver={"levels": 3, "cfactor": 4, "max_iter": 20, "require_convergence": True},
+        engine={"scheduler": "inprocess"},
     )
     with pytest.raises(MGRITDiverged) as info:
         trainer.fit(X, y, steps=512)
@@ -384,11 +384,8 @@ def test_unstable_configuration_is_an_error_not_a_result(train_data):
         momentum=0.9,
         batch_size=16,
         preset="solver2",
-        levels=3,
-        cfactor=4,
-        max_iter=8,
-        scheduler="inprocess",
-        require_convergence=True,
+        solver={"levels": 3, "cfactor": 4, "max_iter": 8, "require_convergence": True},
+        engine={"scheduler": "inprocess"},
     )
     with pytest.raises((MGRITDiverged, MGRITNotConverged)):
         capped.fit(X, y, steps=512)
@@ -518,15 +515,20 @@ def test_propagator_of_another_shape_or_dtype_fails_before_any_task(bad, client2
 def test_trainer_bad_input_fails_before_any_task(train_data, client2):
     X, y = train_data
     for kwargs, name in [
-        (dict(cfactor=1), "cfactor"),
-        (dict(levels=9), "levels"),
-        (dict(tol=0.0), "tol"),
-        (dict(max_iter=0), "max_iter"),
+        (dict(solver={"cfactor": 1}), r"solver\['cfactor'\]"),
+        (dict(solver={"levels": 9}), r"solver\['levels'\]"),
+        (dict(solver={"tol": 0.0}), r"solver\['tol'\]"),
+        (dict(solver={"max_iter": 0}), r"solver\['max_iter'\]"),
+        (dict(solver={"cfactr": 2}), r"solver\['cfactr'\]"),
+        (dict(solver={"divergence_factor": 0.5}), r"solver\['divergence_factor'\]"),
         (dict(preset="solver9"), "preset"),
-        (dict(scheduler="gpu"), "scheduler"),
+        (dict(engine={"scheduler": "gpu"}), r"engine\['scheduler'\]"),
+        (dict(engine={"intervals_per_task": 0}), r"engine\['intervals_per_task'\]"),
+        (dict(engine={"timeout": -1.0}), r"engine\['timeout'\]"),
     ]:
+        solver = {"compute_error": True, **kwargs.pop("solver", {})}
         with no_tasks_submitted(client2), pytest.raises(ValueError, match=f"{name}="):
-            MGRITTrainer((8,), client=client2, compute_error=True, **kwargs).fit(X, y, steps=64)
+            MGRITTrainer((8,), client=client2, solver=solver, **kwargs).fit(X, y, steps=64)
 
 
 # -- trainer, work model, data handling ---------------------------------------------------------------------
@@ -535,21 +537,24 @@ def test_trainer_bad_input_fails_before_any_task(train_data, client2):
 def test_trainer_history_params_and_not_converged(train_data):
     X, y = train_data
     t = MGRITTrainer(
-        (8,), lr=1e-3, batch_size=16, levels=2, cfactor=4, scheduler="inprocess", compute_error=True, tol=1e-10
+        (8,),
+        lr=1e-3,
+        batch_size=16,
+        solver={"levels": 2, "cfactor": 4, "compute_error": True, "tol": 1e-10},
+        engine={"scheduler": "inprocess"},
     )
-    assert t.get_params()["preset"] == "solver2" and t.set_params(levels=3).levels == 3
-    t.set_params(levels=2)
+    assert t.get_params()["preset"] == "solver2" and t.set_params(solver__levels=3).solver["levels"] == 3
+    t.set_params(solver__levels=2)
     t.fit(X, y, steps=64, validation_data=(X[:64], y[:64]))
     h = t.history_
     assert list(h.sizes) == ["iteration"] and h.sizes["iteration"] == t.n_iter_
     assert {"residual", "time", "error", "val_loss"} <= set(h.data_vars)
     assert h["residual"].attrs["units"] == "1" and h["error"].values[-1] < 1e-9
     assert h.attrs["mgrit_levels"] == 2 and h.attrs["method"] == "mgrit"
-    strict = dict(max_iter=1, require_convergence=True)  # the adaptive default falls back to serial instead
+    # the adaptive default falls back to serial instead
+    strict = {"levels": 2, "cfactor": 4, "max_iter": 1, "require_convergence": True}
     with pytest.raises(MGRITNotConverged, match="max_iter=1"):
-        MGRITTrainer((8,), lr=1e-3, batch_size=16, levels=2, cfactor=4, scheduler="inprocess", **strict).fit(
-            X, y, steps=64
-        )
+        MGRITTrainer((8,), lr=1e-3, batch_size=16, solver=strict, engine={"scheduler": "inprocess"}).fit(X, y, steps=64)
 
 
 def test_auto_alpha_cap_follows_the_learning_rate():

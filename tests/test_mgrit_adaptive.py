@@ -41,7 +41,7 @@ def mlp_case():
 
 def test_diverging_preset_falls_back_to_serial_weights(mlp_case):
     X, y, settings, serial = mlp_case
-    trainer = MGRITTrainer((16, 16), preset="solver1", scheduler="inprocess", **settings)
+    trainer = MGRITTrainer((16, 16), preset="solver1", engine={"scheduler": "inprocess"}, **settings)
     caught = _fit(trainer, X, y, 256)
     assert _rel(trainer, serial) < 1e-9
     result = trainer.result_
@@ -66,7 +66,7 @@ def test_diverging_preset_falls_back_to_serial_weights(mlp_case):
 
 def test_default_preset_returns_serial_weights(mlp_case):
     X, y, settings, serial = mlp_case
-    trainer = MGRITTrainer((16, 16), scheduler="inprocess", **settings)
+    trainer = MGRITTrainer((16, 16), engine={"scheduler": "inprocess"}, **settings)
     _fit(trainer, X, y, 256)
     assert trainer.result_.ended in ENDINGS
     assert _rel(trainer, serial) < 1e-9
@@ -74,7 +74,9 @@ def test_default_preset_returns_serial_weights(mlp_case):
 
 def test_strict_mode_keeps_raising(mlp_case):
     X, y, settings, _ = mlp_case
-    trainer = MGRITTrainer((16, 16), preset="solver1", scheduler="inprocess", require_convergence=True, **settings)
+    trainer = MGRITTrainer(
+        (16, 16), preset="solver1", engine={"scheduler": "inprocess"}, solver={"require_convergence": True}, **settings
+    )
     with pytest.raises(MGRITDiverged):
         trainer.fit(X, y, steps=256)
     assert not hasattr(trainer, "model_")
@@ -85,7 +87,7 @@ def test_stalled_solve_adapts_then_finishes_serially():
     d = load_dataset("digits")
     settings = dict(loss="cross_entropy", batch_size=64, lr=0.05, momentum=0.9, seed=0)
     serial = SerialTrainer((16,), **settings).fit(d.X_train, d.y_train, steps=256)
-    trainer = MGRITTrainer((16,), scheduler="inprocess", **settings)
+    trainer = MGRITTrainer((16,), engine={"scheduler": "inprocess"}, **settings)
     caught = _fit(trainer, d.X_train, d.y_train, 256)
     assert _rel(trainer, serial) < 1e-9
     assert trainer.result_.ended in ENDINGS
@@ -100,7 +102,7 @@ def test_cli_case_of_the_issue_returns_serial_weights():
     d = load_dataset("digits")
     settings = dict(loss=d.loss, batch_size=64, lr=0.05, momentum=0.9, seed=0)
     serial = SerialTrainer((64,), **settings).fit(d.X_train, d.y_train, steps=512)
-    trainer = MGRITTrainer((64,), scheduler="inprocess", **settings)
+    trainer = MGRITTrainer((64,), engine={"scheduler": "inprocess"}, **settings)
     _fit(trainer, d.X_train, d.y_train, 512)
     assert _rel(trainer, serial) < 1e-9 and trainer.result_.ended in ENDINGS
 
@@ -114,7 +116,9 @@ def test_coarse_propagator_returning_nan_is_handled(momentum):
     X, y = make_linear(128, 4, 1, seed=1)
     settings = dict(batch_size=16, lr=0.01, momentum=momentum, seed=1)
     serial = SerialTrainer((8,), **settings).fit(X, y, steps=64)
-    trainer = MGRITTrainer((8,), levels=3, cfactor=4, coarse=_nan_coarse, scheduler="inprocess", **settings)
+    trainer = MGRITTrainer(
+        (8,), solver={"levels": 3, "cfactor": 4, "coarse": _nan_coarse}, engine={"scheduler": "inprocess"}, **settings
+    )
     caught = _fit(trainer, X, y, 64)
     assert _rel(trainer, serial) < 1e-9
     # without momentum the state carries no velocity: the serial finish's last step gives it
@@ -129,7 +133,7 @@ def test_converged_run_records_one_attempt():
     X, y = make_linear(128, 4, 1, seed=0)
     settings = dict(batch_size=16, lr=1e-3, seed=0)
     serial = SerialTrainer((8,), **settings).fit(X, y, steps=64)
-    trainer = MGRITTrainer((8,), levels=2, cfactor=4, scheduler="inprocess", **settings)
+    trainer = MGRITTrainer((8,), solver={"levels": 2, "cfactor": 4}, engine={"scheduler": "inprocess"}, **settings)
     _fit(trainer, X, y, 64)
     assert trainer.result_.ended == "converged" and trainer.result_.converged
     assert [a.outcome for a in trainer.result_.adaptations] == ["converged"]
@@ -142,7 +146,14 @@ def test_converged_run_records_one_attempt():
 
 def test_unstable_serial_training_still_raises():
     X, y = make_linear(128, 4, 1, seed=0)
-    trainer = MGRITTrainer((8,), batch_size=16, lr=50.0, momentum=0.9, levels=2, cfactor=4, scheduler="inprocess")
+    trainer = MGRITTrainer(
+        (8,),
+        batch_size=16,
+        lr=50.0,
+        momentum=0.9,
+        solver={"levels": 2, "cfactor": 4},
+        engine={"scheduler": "inprocess"},
+    )
     with pytest.raises(TrainingDiverged):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MGRITDidNotPay)

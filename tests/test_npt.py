@@ -148,7 +148,12 @@ def test_grid_matrix_round_trips_through_dask_arrays(client4):
 def _compare(client, X, y, hidden, *, grid, mode, steps=30, share_workers=False, pipeline="auto", **kwargs):
     serial = SerialTrainer(hidden, **kwargs).fit(X, y, steps=steps)
     npt = NPTTrainer(
-        hidden, grid=grid, mode=mode, share_workers=share_workers, pipeline=pipeline, client=client, **kwargs
+        hidden,
+        grid=grid,
+        mode=mode,
+        engine={"share_workers": share_workers, "pipeline": pipeline},
+        client=client,
+        **kwargs,
     )
     npt.fit(X, y, steps=steps)
     assert npt.mode_ == mode and (npt.grid_.rows, npt.grid_.cols) == tuple(int(v) for v in grid.split("x"))
@@ -247,7 +252,7 @@ def test_block_products_run_on_their_owners_and_no_worker_holds_a_whole_weight_m
     plugin = BlockShapes()
     client4.register_plugin(plugin)
     try:
-        trainer = NPTTrainer(hidden, grid="2x2", mode="graph", pipeline="double", client=client4, **kwargs)
+        trainer = NPTTrainer(hidden, grid="2x2", mode="graph", engine={"pipeline": "double"}, client=client4, **kwargs)
         with get_task_stream(client4) as stream:
             trainer.fit(X, y, steps=4, validation_data=(X[:50], y[:50]))
         shapes = client4.run(lambda dask_worker: dask_worker.plugins[BlockShapes.name].shapes)
@@ -292,11 +297,14 @@ def test_block_products_run_on_their_owners_and_no_worker_holds_a_whole_weight_m
         ({"grid": "2x3x4"}, ValueError, r"grid='2x3x4'.*'RxC'"),
         ({"grid": (0, 2)}, ValueError, r"grid\[0\]=0"),
         ({"mode": "fast"}, ValueError, r"mode='fast'.*'auto', 'graph', 'resident'"),
-        ({"pipeline": "deep"}, ValueError, r"pipeline='deep'"),
-        ({"share_workers": "yes"}, TypeError, r"share_workers='yes'"),
-        ({"timeout": -1.0}, ValueError, r"timeout=-1.0"),
+        ({"engine": {"pipeline": "deep"}}, ValueError, r"engine\['pipeline'\]='deep'"),
+        ({"engine": {"share_workers": "yes"}}, TypeError, r"engine\['share_workers'\]='yes'"),
+        ({"engine": {"timeout": -1.0}}, ValueError, r"engine\['timeout'\]=-1.0"),
+        ({"engine": {"timeoutt": 1.0}}, ValueError, r"engine\['timeoutt'\]=1.0.*one of the engine options"),
+        ({"engine": 60.0}, TypeError, r"engine=60.0.*NPTEngineOptions"),
         ({"lr": -0.1}, ValueError, r"lr=-0.1"),
-        ({"batch_size": 500}, ValueError, r"batch_size=500"),
+        ({"batch_size": 0}, ValueError, r"batch_size=0"),
+        ({"epochs": 0}, ValueError, r"epochs=0"),
     ],
 )
 def test_bad_input_fails_before_any_task(client4, regression, kwargs, error, pattern):
@@ -313,9 +321,11 @@ def test_multithreaded_workers_refused_when_deterministic(regression):
         Client(cluster, set_as_default=False) as client,
     ):
         with no_tasks_submitted(client):
-            with pytest.raises(ValueError, match=r"deterministic=True.*runs 2.*deterministic=False"):
+            with pytest.raises(ValueError, match=r"engine\['deterministic'\]=True.*runs 2.*'deterministic': False"):
                 NPTTrainer((5,), grid="1x1", mode="graph", client=client).fit(X, y, steps=2)
-        trainer = NPTTrainer((5,), grid="1x1", mode="graph", deterministic=False, client=client).fit(X, y, steps=2)
+        trainer = NPTTrainer((5,), grid="1x1", mode="graph", engine={"deterministic": False}, client=client).fit(
+            X, y, steps=2
+        )
         assert trainer.n_steps_ == 2
 
 
@@ -363,7 +373,7 @@ def test_divergence_stops_where_serial_does(client4, regression):
 def test_graph_mode_replays_after_a_worker_dies(client4, regression):
     X, y = regression
     kwargs = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3)
-    trainer = NPTTrainer((10,), grid="2x2", mode="graph", client=client4, timeout=60.0, **kwargs)
+    trainer = NPTTrainer((10,), grid="2x2", mode="graph", client=client4, engine={"timeout": 60.0}, **kwargs)
     victim = worker_addresses(client4)[1]
     errors = []
 
@@ -429,9 +439,13 @@ def test_estimator_protocol():
     trainer = NPTTrainer((8,), grid="2x2", mode="graph", lr=0.1)
     params = trainer.get_params()
     assert params["grid"] == "2x2" and params["mode"] == "graph" and params["hidden_sizes"] == (8,)
-    assert {"share_workers", "deterministic", "pipeline", "timeout", "client"} <= set(params)
+    assert {"engine", "client"} <= set(params) and params["engine"] is None
     assert "grid='2x2'" in repr(trainer) and "lr=0.1" in repr(trainer)
     assert trainer.set_params(grid="1x2").grid == "1x2"
+    assert trainer.set_params(engine__pipeline="fused", engine__timeout=30.0).engine == {
+        "pipeline": "fused",
+        "timeout": 30.0,
+    }
 
 
 # -- command line, demo, notebook -----------------------------------------------------------

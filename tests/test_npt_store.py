@@ -71,7 +71,7 @@ def test_cells_write_their_blocks_and_any_grid_resumes(client4, regression, tmp_
     # re-cut on other grids (more cells than workers, too) and in a single process
     reference = SerialTrainer((12,), **KWARGS).fit(X, y, steps=7)
     for grid in ("1x3", "3x3"):
-        other = NPTTrainer((12,), grid=grid, mode="graph", share_workers=True, client=client4, **KWARGS)
+        other = NPTTrainer((12,), grid=grid, mode="graph", engine={"share_workers": True}, client=client4, **KWARGS)
         other.fit(X, y, steps=7, resume=run)
         assert list(other.history_["step"].values) == [5, 6, 7]
         assert _max_error(other, reference) < TOL
@@ -187,7 +187,7 @@ def test_client_holds_no_block_of_a_net_eight_times_its_cap(client4, tmp_path):
     state_bytes = 2 * 8 * sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     block_bytes = 8 * (2048 // 2) * (2048 // 2)
     assert state_bytes >= 8 * cap and block_bytes >= cap
-    kwargs = dict(lr=0.01, momentum=0.9, batch_size=16, seed=2, grid="2x2", mode="graph", pipeline="fused")
+    kwargs = dict(lr=0.01, momentum=0.9, batch_size=16, seed=2, grid="2x2", mode="graph", engine={"pipeline": "fused"})
     kwargs["client"] = client4
     tiny_peak, _ = _traced_fit_and_resume((8, 8), X, y, tmp_path / "tiny", **kwargs)
     client4.register_plugin(ManagedPeak())
@@ -239,7 +239,7 @@ def test_resident_cells_write_their_blocks_and_any_grid_or_mode_resumes(client4,
     # re-cut on other grids (a 2x3 grid runs on a virtual 6x6 one), in either mode, and in one process
     reference = SerialTrainer((12,), **KWARGS).fit(X, y, steps=7)
     for grid, mode in (("1x3", "resident"), ("2x3", "resident"), ("3x3", "graph")):
-        other = NPTTrainer((12,), grid=grid, mode=mode, share_workers=True, client=client4, **KWARGS)
+        other = NPTTrainer((12,), grid=grid, mode=mode, engine={"share_workers": True}, client=client4, **KWARGS)
         other.fit(X, y, steps=7, resume=run)
         assert list(other.history_["step"].values) == [5, 6, 7]
         assert _max_error(other, reference) < TOL
@@ -255,7 +255,7 @@ def test_a_graph_checkpoint_resumes_in_resident_mode(client4, regression, tmp_pa
     X, y = regression
     run = tmp_path / "run"
     NPTTrainer((12,), grid="2x2", mode="graph", client=client4, checkpoint_dir=run, **KWARGS).fit(X, y, steps=3)
-    resumed = NPTTrainer((12,), grid="2x3", mode="resident", share_workers=True, client=client4, **KWARGS)
+    resumed = NPTTrainer((12,), grid="2x3", mode="resident", engine={"share_workers": True}, client=client4, **KWARGS)
     resumed.fit(X, y, steps=6, resume=run)
     assert resumed.__dict__.get("_model") is None
     assert _max_error(resumed, SerialTrainer((12,), **KWARGS).fit(X, y, steps=6)) < TOL

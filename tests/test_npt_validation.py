@@ -55,7 +55,7 @@ def test_cells_evaluate_validation_as_serial_training(client4, kind, grid, n_val
     Xv, yv = _data(settings["loss"], n_val, seed=1)
     kwargs = dict(lr=0.05, momentum=0.9, batch_size=16, seed=3, eval_every=2, **settings)
     serial = SerialTrainer((12, 6), **kwargs).fit(X, y, steps=5, validation_data=(Xv, yv))
-    npt = NPTTrainer((12, 6), grid=grid, mode="resident", share_workers=True, client=client4, **kwargs)
+    npt = NPTTrainer((12, 6), grid=grid, mode="resident", engine={"share_workers": True}, client=client4, **kwargs)
     with scheduler_watch(client4) as watch:
         npt.fit(X, y, steps=5, validation_data=(Xv, yv))
     names = ["loss", "val_loss"] + (["val_accuracy"] if settings["loss"] == "cross_entropy" else [])

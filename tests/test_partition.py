@@ -22,6 +22,8 @@ from daskann import store
 from daskann.data import load_dataset
 from daskann.nn import MLP
 from daskann.partition import (
+    PartitionMergeOptions,
+    PartitionSplitOptions,
     PartitionTrainer,
     SubModelError,
     combine_logits,
@@ -152,7 +154,9 @@ def test_submodels_run_at_the_same_time_on_different_workers_and_match_serial(cl
     # a cold worker spends its first second importing; that skew is not what this test measures
     client2.run(importlib.import_module, "daskann.partition.submodels")
     hidden = (128, 128)
-    trainer = PartitionTrainer(hidden, **_settings(), k=2, noise=0.0, sub_steps=500, client=client2)
+    trainer = PartitionTrainer(
+        hidden, **_settings(), k=2, merge={"noise": 0.0}, split={"sub_steps": 500}, client=client2
+    )
     with get_task_stream(client=client2) as ts:
         trainer.fit(digits.X_train, digits.y_train, steps=30, validation_data=(digits.X_val, digits.y_val))
     intervals = _compute_intervals(ts.data, trainer.run_prefix_)
@@ -189,9 +193,9 @@ def test_submodels_run_at_the_same_time_on_different_workers_and_match_serial(cl
 
 
 def test_sequential_mode_runs_one_after_another_with_the_same_submodels(client2, digits):
-    kwargs = dict(**_settings(), k=3, noise=0.02, sub_steps=40, client=client2)
-    par = PartitionTrainer((24, 24), **kwargs).fit(digits.X_train, digits.y_train, steps=10)
-    seq = PartitionTrainer((24, 24), **kwargs, mode="sequential")
+    kwargs = dict(**_settings(), k=3, merge={"noise": 0.02}, client=client2)
+    par = PartitionTrainer((24, 24), **kwargs, split={"sub_steps": 40}).fit(digits.X_train, digits.y_train, steps=10)
+    seq = PartitionTrainer((24, 24), **kwargs, split={"sub_steps": 40, "mode": "sequential"})
     with get_task_stream(client=client2) as ts:
         seq.fit(digits.X_train, digits.y_train, steps=10)
     spans = sorted(v[-1][:2] for v in _compute_intervals(ts.data, seq.run_prefix_).values())
@@ -209,16 +213,21 @@ def test_sequential_mode_runs_one_after_another_with_the_same_submodels(client2,
         (dict(k=17), ValueError, "k=17"),
         (dict(k=2.5), TypeError, "k=2.5"),
         (dict(hidden_sizes=()), ValueError, "hidden_sizes=[]"),
-        (dict(noise=-0.01), ValueError, "noise=-0.01"),
-        (dict(noise=float("nan")), ValueError, "noise=nan"),
-        (dict(noise=float("inf")), ValueError, "noise=inf"),
-        (dict(combine="max"), ValueError, "combine='max'"),
-        (dict(mode="async"), ValueError, "mode='async'"),
-        (dict(sub_trainer="torch"), ValueError, "sub_trainer='torch'"),
-        (dict(sub_steps=0), ValueError, "sub_steps=0"),
-        (dict(sub_steps=5, sub_epochs=1), ValueError, "sub_steps/sub_epochs"),
-        (dict(retries=-1), ValueError, "retries=-1"),
-        (dict(timeout=0), ValueError, "timeout=0"),
+        (dict(merge={"noise": -0.01}), ValueError, "merge['noise']=-0.01"),
+        (dict(merge={"noise": float("nan")}), ValueError, "merge['noise']=nan"),
+        (dict(merge=PartitionMergeOptions(noise=float("inf"))), ValueError, "merge['noise']=inf"),
+        (dict(merge={"combine": "max"}), ValueError, "merge['combine']='max'"),
+        (dict(merge={"finetune_trainer": "gpu"}), ValueError, "merge['finetune_trainer']='gpu'"),
+        (dict(merge={"noise_level": 0.1}), ValueError, "merge['noise_level']=0.1 is not valid: expected one of"),
+        (dict(merge="mean"), TypeError, "merge='mean' is not valid: expected None, a dict"),
+        (dict(split={"mode": "async"}), ValueError, "split['mode']='async'"),
+        (dict(split={"sub_trainer": "torch"}), ValueError, "split['sub_trainer']='torch'"),
+        (dict(split={"sub_steps": 0}), ValueError, "split['sub_steps']=0"),
+        (dict(split={"sub_steps": 5, "sub_epochs": 1}), ValueError, "at most one of 'sub_steps' and 'sub_epochs'"),
+        (dict(split=PartitionSplitOptions(retries=-1)), ValueError, "split['retries']=-1"),
+        (dict(split={"timeout": 0}), ValueError, "split['timeout']=0"),
+        (dict(split={"npt_options": "1x2"}), TypeError, "split['npt_options']='1x2'"),
+        (dict(split={"steps": 5}), ValueError, "split['steps']=5 is not valid: expected one of the split options"),
     ],
 )
 def test_bad_input_fails_before_any_task(client2, digits, kwargs, error, name):
@@ -277,7 +286,7 @@ def _fit_with_killer(client, trainer, digits, marker, steps):
 
 
 def test_a_submodel_whose_worker_dies_is_rerun_with_the_same_result(client2, digits):
-    kwargs = dict(**_settings(), k=2, noise=0.0, sub_steps=1000, client=client2)
+    kwargs = dict(**_settings(), k=2, merge={"noise": 0.0}, split={"sub_steps": 1000}, client=client2)
     trainer = PartitionTrainer((64, 64), **kwargs)
     killed = _fit_with_killer(client2, trainer, digits, "partition-", steps=5)
     assert killed, "no sub-model task was seen running"
@@ -287,7 +296,14 @@ def test_a_submodel_whose_worker_dies_is_rerun_with_the_same_result(client2, dig
 
 
 def test_a_submodel_that_fails_for_good_is_named_and_the_others_are_kept(client2, digits, tmp_path):
-    kwargs = dict(**_settings(), k=2, noise=0.0, sub_steps=20, client=client2, checkpoint_dir=tmp_path, retries=2)
+    kwargs = dict(
+        **_settings(),
+        k=2,
+        merge={"noise": 0.0},
+        split={"sub_steps": 20, "retries": 2},
+        client=client2,
+        checkpoint_dir=tmp_path,
+    )
     first = PartitionTrainer((16, 16), **kwargs).fit(digits.X_train, digits.y_train, steps=5)
     # damage sub-model 1's only checkpoint: resuming it raises on every attempt
     ckpt = store.list_checkpoints(tmp_path / "partition" / "submodel-1")[0]
@@ -309,7 +325,14 @@ def test_a_submodel_that_fails_for_good_is_named_and_the_others_are_kept(client2
 
 
 def test_a_worker_death_beyond_the_allowed_failures_names_the_submodel(client2, digits):
-    trainer = PartitionTrainer((64, 64), **_settings(), k=2, noise=0.0, sub_steps=1000, client=client2, retries=0)
+    trainer = PartitionTrainer(
+        (64, 64),
+        **_settings(),
+        k=2,
+        merge={"noise": 0.0},
+        split={"sub_steps": 1000, "retries": 0},
+        client=client2,
+    )
     with _allowed_failures(client2, 0), pytest.raises(SubModelError, match=r"sub-model \d of 2 failed") as info:
         _fit_with_killer(client2, trainer, digits, "submodel-1", steps=5)
     assert set(info.value.failed) == {1} and "KilledWorker" in str(info.value)
@@ -317,7 +340,7 @@ def test_a_worker_death_beyond_the_allowed_failures_names_the_submodel(client2, 
 
 
 def test_a_slow_submodel_phase_times_out_instead_of_hanging(client2, digits):
-    trainer = PartitionTrainer((32, 32), **_settings(), k=2, sub_steps=300, timeout=0.01, client=client2)
+    trainer = PartitionTrainer((32, 32), **_settings(), k=2, split={"sub_steps": 300, "timeout": 0.01}, client=client2)
     with pytest.raises(TimeoutError, match=r"timeout=0.01 s is not enough: sub-models \[0, 1\]"):
         trainer.fit(digits.X_train, digits.y_train, steps=5)
     # the cancelled tasks leave the cluster usable
@@ -325,7 +348,9 @@ def test_a_slow_submodel_phase_times_out_instead_of_hanging(client2, digits):
 
 
 def test_resume_skips_finished_submodels_and_continues_fine_tuning(client2, digits, tmp_path):
-    kwargs = dict(**_settings(), k=2, noise=0.02, sub_steps=30, client=client2, checkpoint_every=10)
+    kwargs = dict(
+        **_settings(), k=2, merge={"noise": 0.02}, split={"sub_steps": 30}, client=client2, checkpoint_every=10
+    )
     PartitionTrainer((16, 16), **kwargs, checkpoint_dir=tmp_path / "a").fit(digits.X_train, digits.y_train, steps=20)
     resumed = PartitionTrainer((16, 16), **kwargs, checkpoint_dir=tmp_path / "a").fit(
         digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a"
@@ -338,7 +363,7 @@ def test_resume_skips_finished_submodels_and_continues_fine_tuning(client2, digi
     ):
         assert np.array_equal(x, y)
     with pytest.raises(store.StoreError, match="other settings"):
-        PartitionTrainer((16, 16), **{**kwargs, "noise": 0.0}).fit(
+        PartitionTrainer((16, 16), **kwargs).set_params(merge__noise=0.0).fit(
             digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a"
         )
 
@@ -446,19 +471,21 @@ def test_npt_sub_trainer(client2, digits):
     npt = pytest.importorskip("daskann.npt")
     if not hasattr(npt, "NPTTrainer"):
         pytest.skip("daskann.npt has no NPTTrainer")
-    with no_tasks_submitted(client2), pytest.raises(ValueError, match="mode='parallel'"):
-        PartitionTrainer((16, 16), **_settings(), k=2, sub_trainer="npt", client=client2).fit(
+    with no_tasks_submitted(client2), pytest.raises(ValueError, match=r"split\['mode'\]='parallel'"):
+        PartitionTrainer((16, 16), **_settings(), k=2, split={"sub_trainer": "npt"}, client=client2).fit(
             digits.X_train, digits.y_train, steps=5
         )
     trainer = PartitionTrainer(
         (16, 16),
         **_settings(),
         k=2,
-        noise=0.0,
-        sub_steps=4,
-        sub_trainer="npt",
-        mode="sequential",
-        npt_options={"grid": "1x2", "mode": "graph"},
+        merge={"noise": 0.0},
+        split={
+            "sub_steps": 4,
+            "sub_trainer": "npt",
+            "mode": "sequential",
+            "npt_options": {"grid": "1x2", "mode": "graph"},
+        },
         client=client2,
     )
     trainer.fit(digits.X_train, digits.y_train, steps=5)

@@ -44,13 +44,17 @@ def test_verbose_serial_writes_plain_lines_to_a_log(capfd, regression):
 def test_verbose_zero_writes_nothing(capfd, regression):
     X, y = regression
     SerialTrainer((8,), lr=0.05, batch_size=16).fit(X, y, steps=50)
-    MGRITTrainer((8,), lr=0.01, batch_size=16, levels=2, cfactor=4, scheduler="inprocess").fit(X, y, steps=16)
+    MGRITTrainer(
+        (8,), lr=0.01, batch_size=16, solver={"levels": 2, "cfactor": 4}, engine={"scheduler": "inprocess"}
+    ).fit(X, y, steps=16)
     assert capfd.readouterr() == ("", "")
 
 
 def test_verbose_mgrit_reports_iterations_with_the_residual(capfd, regression):
     X, y = regression
-    trainer = MGRITTrainer((8,), lr=0.01, batch_size=16, levels=2, cfactor=4, scheduler="inprocess", verbose=1)
+    trainer = MGRITTrainer(
+        (8,), lr=0.01, batch_size=16, solver={"levels": 2, "cfactor": 4}, engine={"scheduler": "inprocess"}, verbose=1
+    )
     trainer.fit(X, y, steps=16)
     out, err = capfd.readouterr()
     lines = _lines(err, "mgrit")

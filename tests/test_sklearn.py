@@ -11,7 +11,11 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.utils.validation import check_is_fitted
 
 from daskann import MGRITTrainer, NPTTrainer, PartitionTrainer, SerialTrainer
+from daskann._base import BaseTrainer
 from daskann.data import make_linear
+from daskann.mgrit import PRESETS, MGRITEngineOptions, MGRITSolverOptions, resolve_preset
+from daskann.npt import NPTEngineOptions
+from daskann.partition import PartitionMergeOptions, PartitionSplitOptions
 
 TRAINERS = [SerialTrainer, NPTTrainer, MGRITTrainer, PartitionTrainer]
 
@@ -107,7 +111,7 @@ def test_grid_search_over_lr_on_the_serial_trainer(regression):
 
 def test_grid_search_over_lr_on_the_partition_trainer(client2, classification):
     X, y = classification
-    trainer = PartitionTrainer((8,), loss="cross_entropy", batch_size=16, k=2, noise=0.0, client=client2)
+    trainer = PartitionTrainer((8,), loss="cross_entropy", batch_size=16, k=2, merge={"noise": 0.0}, client=client2)
     search = GridSearchCV(trainer, {"lr": [1e-4, 0.1]}, cv=2, error_score="raise").fit(X, y, steps=30)
     assert search.best_params_ == {"lr": 0.1}
     best = search.best_estimator_
@@ -200,3 +204,141 @@ def test_batch_size_is_clipped_per_partial_fit_call(regression):
     assert trainer.batch_order_.batch_size == 10
     trainer.partial_fit(X, y)  # the whole set: the setting's 32 rows again
     assert trainer.batch_order_.batch_size == 32 and trainer.n_steps_ == 1 + X.shape[0] // 32
+
+
+# -- option groups: a short constructor, every option still settable ---------------------------------------
+GROUPS = {
+    MGRITTrainer: {"solver": MGRITSolverOptions, "engine": MGRITEngineOptions},
+    PartitionTrainer: {"split": PartitionSplitOptions, "merge": PartitionMergeOptions},
+    NPTTrainer: {"engine": NPTEngineOptions},
+}
+#: the flat keywords each trainer took before its options were grouped, by the group that holds them now
+FORMER = {
+    MGRITTrainer: {
+        "solver": (
+            "levels cfactor cf_iter cycle_type weight_c weight_c_growth tol rtol max_iter nested_iteration coarse "
+            "alpha_growth alpha_cap substeps coarse_batches divergence_factor require_convergence compute_error"
+        ).split(),
+        "engine": ["scheduler", "store", "intervals_per_task", "timeout"],
+    },
+    PartitionTrainer: {
+        "split": ["sub_steps", "sub_epochs", "mode", "sub_trainer", "npt_options", "retries", "timeout"],
+        "merge": ["combine", "noise", "finetune_trainer"],
+    },
+    NPTTrainer: {"engine": ["share_workers", "deterministic", "pipeline", "timeout"]},
+}
+
+
+@pytest.mark.parametrize("cls", list(GROUPS), ids=lambda c: c.__name__)
+def test_a_method_adds_at_most_four_parameters_to_the_shared_ones(cls):
+    own = [name for name in cls._get_param_names() if name not in BaseTrainer._get_param_names()]
+    assert len(own) <= 4 and "client" in own, own
+    assert set(GROUPS[cls]) <= set(own)
+
+
+@pytest.mark.parametrize("cls", list(GROUPS), ids=lambda c: c.__name__)
+def test_every_former_option_is_an_option_of_its_group(cls):
+    for group, names in FORMER[cls].items():
+        options = GROUPS[cls][group]
+        assert set(names) == set(options._get_param_names()), group
+        assert not set(names) & set(cls._get_param_names())  # no longer flat
+
+
+@pytest.mark.parametrize("form", ["none", "dict", "object"])
+@pytest.mark.parametrize("cls", list(GROUPS), ids=lambda c: c.__name__)
+def test_set_params_sets_one_option_of_a_group_in_every_form(cls, form):
+    for group, options in GROUPS[cls].items():
+        given = {"none": None, "dict": {}, "object": options()}[form]
+        trainer = cls((8,), **{group: given})
+        for name in options._get_param_names():
+            value = "x" if name != "store" else "/tmp/store"
+            assert trainer.set_params(**{f"{group}__{name}": value}) is trainer
+            current = getattr(trainer, group)
+            assert (current[name] if isinstance(current, dict) else getattr(current, name)) == value
+        if form == "object":
+            assert getattr(trainer, group) is given  # changed in place, as scikit-learn's nested parameters
+            assert f"{group}__{name}" in trainer.get_params(deep=True)
+        else:
+            assert given in (None, {}) and isinstance(getattr(trainer, group), dict)  # a new dict, never the user's
+        with pytest.raises(ValueError, match=rf"{group}\['nonsense'\]|Invalid parameter 'nonsense'"):
+            trainer.set_params(**{f"{group}__nonsense": 1})
+
+
+@pytest.mark.parametrize("cls", list(GROUPS), ids=lambda c: c.__name__)
+def test_clone_and_get_params_round_trip_every_form_of_a_group(cls):
+    for group, options in GROUPS[cls].items():
+        name = options._get_param_names()[0]
+        for given in ({name: 3}, options(**{name: 3})):
+            trainer = cls((8,), **{group: given})
+            assert trainer.get_params(deep=False)[group] is given  # stored unchanged
+            copy = clone(trainer)
+            value = copy.get_params(deep=False)[group]
+            assert value is not given and type(value) is type(given)
+            assert (value if isinstance(value, dict) else value.get_params()) == (
+                given if isinstance(given, dict) else given.get_params()
+            )
+            again = cls(**trainer.get_params(deep=False))
+            assert repr(again) == repr(trainer)
+
+
+def test_every_preset_is_reachable_and_solver_options_override_it():
+    for preset in PRESETS:
+        assert MGRITTrainer(preset=preset)._solver_options() == resolve_preset(preset)
+        got = MGRITTrainer(preset=preset, solver={"levels": 5, "rtol": 1e-6})._solver_options()
+        assert got == resolve_preset(preset, levels=5, rtol=1e-6)
+        via_object = MGRITTrainer(preset=preset, solver=MGRITSolverOptions(cycle_type="F"))._solver_options()
+        assert via_object == resolve_preset(preset, cycle_type="F")
+
+
+def test_former_options_reach_the_settings_the_methods_consume():
+    # MGRIT: every preset option through the solver group
+    for name, value in {"levels": 4, "cfactor": 2, "cf_iter": 2, "cycle_type": "F", "alpha_cap": 3.0}.items():
+        assert MGRITTrainer().set_params(**{f"solver__{name}": value})._solver_options()[name] == value
+    # partition: split and merge options become the checked settings
+    trainer = PartitionTrainer(
+        (8,),
+        split=PartitionSplitOptions(sub_epochs=2, mode="sequential", retries=0, timeout=5.0),
+        merge={"combine": "sum", "noise": 0.0, "finetune_trainer": "serial"},
+    )
+    settings = trainer._check_settings()
+    expected = {"sub_epochs": 2, "mode": "sequential", "retries": 0, "timeout": 5.0, "combine": "sum", "noise": 0.0}
+    assert {k: settings[k] for k in expected} == expected and settings["finetune_trainer"] == "serial"
+    # NPT: the engine options
+    npt = NPTTrainer(engine={"pipeline": "fused", "share_workers": True, "deterministic": False, "timeout": 9.0})
+    checked = npt._check_npt()
+    assert (checked["pipeline"], checked["share_workers"], checked["deterministic"], checked["timeout"]) == (
+        "fused",
+        True,
+        False,
+        9.0,
+    )
+
+
+@pytest.mark.parametrize("cls", [*GROUPS, *(o for g in GROUPS.values() for o in g.values())], ids=lambda c: c.__name__)
+def test_scikit_learn_constructor_checks(cls):
+    from sklearn.utils.estimator_checks import (
+        check_do_not_raise_errors_in_init_or_set_params,
+        check_get_params_invariance,
+        check_no_attributes_set_in_init,
+        check_parameters_default_constructible,
+        check_set_params,
+    )
+
+    for check in (
+        check_parameters_default_constructible,
+        check_no_attributes_set_in_init,
+        check_get_params_invariance,
+        check_set_params,
+        check_do_not_raise_errors_in_init_or_set_params,
+    ):
+        check(cls.__name__, cls())
+
+
+def test_grid_search_over_a_solver_option(regression):
+    X, y = regression
+    trainer = MGRITTrainer((8,), batch_size=16, solver={"levels": 2}, engine={"scheduler": "inprocess"})
+    search = GridSearchCV(trainer, {"solver__cfactor": [2, 4]}, cv=2, error_score="raise")
+    search.fit(X, y, steps=16)
+    assert search.best_params_["solver__cfactor"] in (2, 4)
+    assert search.best_estimator_.solver == {"levels": 2, "cfactor": search.best_params_["solver__cfactor"]}
+    assert trainer.solver == {"levels": 2}  # the search's clones changed their own copies

@@ -316,7 +316,7 @@ def test_a_fit_holds_its_run_folder_until_it_ends(client2, tmp_path, method):
     common = dict(batch_size=16, client=client2, checkpoint_dir=folder)
     trainer, steps = {
         "npt": lambda: (NPTTrainer((5,), grid="1x2", mode="graph", **common), 300),
-        "mgrit": lambda: (MGRITTrainer((5,), levels=2, cfactor=4, **common), 512),
+        "mgrit": lambda: (MGRITTrainer((5,), solver={"levels": 2, "cfactor": 4}, **common), 512),
         # the fine-tune is a SerialTrainer on the same folder: the lock is re-entered, not refused
         "partition": lambda: (PartitionTrainer((6,), k=2, **common), 300),
     }[method]()

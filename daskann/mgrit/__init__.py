@@ -13,7 +13,7 @@ from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
 from daskann.mgrit.propagators import SGDPropagator, auto_alpha_cap, stable_alpha_cap, top_curvature
 from daskann.mgrit.solver import MGRIT, IterationInfo, MGRITResult, solve
-from daskann.mgrit.trainer import MGRITTrainer
+from daskann.mgrit.trainer import MGRITEngineOptions, MGRITSolverOptions, MGRITTrainer
 
 __all__ = [
     "MGRIT",
@@ -23,8 +23,10 @@ __all__ = [
     "IterationInfo",
     "MGRITDidNotPay",
     "MGRITDiverged",
+    "MGRITEngineOptions",
     "MGRITNotConverged",
     "MGRITResult",
+    "MGRITSolverOptions",
     "MGRITTrainer",
     "Propagator",
     "PropagatorError",

@@ -203,20 +203,20 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
         activation=problem["activation"],
         loss=problem["loss"],
     )
-    overrides = {k: v for k, v in options.items() if k != "levels"}
+    solver = {**options, "levels": levels}
     times: dict[str, list] = {"mgrit": [], "serial": [], "inprocess_solve": [], "cluster_solve": []}
     iterations, later = [], []
     for _ in range(repeats):
         t0 = time.perf_counter()
         serial = SerialTrainer(problem["hidden"], **settings).fit(problem["X"], problem["y"], steps=n_steps)
         times["serial"].append(time.perf_counter() - t0)
-        local = MGRITTrainer(problem["hidden"], **settings, **overrides, levels=levels, scheduler="inprocess")
+        local = MGRITTrainer(problem["hidden"], **settings, solver=solver, engine={"scheduler": "inprocess"})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", MGRITDidNotPay)  # the work model is what is measured here
             local.fit(problem["X"], problem["y"], steps=n_steps)
             t0 = time.perf_counter()
             trainer = MGRITTrainer(
-                problem["hidden"], **settings, **overrides, levels=levels, client=client, scheduler="distributed"
+                problem["hidden"], **settings, solver=solver, engine={"scheduler": "distributed"}, client=client
             ).fit(problem["X"], problem["y"], steps=n_steps)
         times["mgrit"].append(time.perf_counter() - t0)
         times["inprocess_solve"].append(local.result_.solve_time)

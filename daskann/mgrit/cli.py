@@ -86,26 +86,15 @@ def _trainer_kwargs(opts: dict) -> dict:
             raise click.BadParameter(
                 f"{per_task!r} is not an integer or 'auto'", param_hint="--intervals-per-task"
             ) from None
-    kwargs = {
-        "preset": opts["preset"],
-        "levels": opts["levels"],
-        "cfactor": opts["cfactor"],
-        "cycle_type": opts["cycle_type"],
-        "weight_c": opts["weight_c"],
-        "tol": opts["tol"],
-        "max_iter": opts["max_iter"],
-        "nested_iteration": opts["nested_iteration"],
-        "coarse": opts["coarse"],
-        "alpha_cap": opts["alpha_cap"],
-        "alpha_growth": opts["alpha_growth"],
-        "scheduler": opts["scheduler"],
-        "intervals_per_task": per_task,
-        "store": opts["store"],
-        "compute_error": opts["compute_error"],
-    }
+    names = ("levels", "cfactor", "cycle_type", "weight_c", "tol", "max_iter", "nested_iteration", "coarse")
+    # a flag left out keeps the preset's value: only the flags given become solver options
+    solver = {name: opts[name] for name in (*names, "alpha_cap", "alpha_growth") if opts[name] is not None}
     if opts["relaxation"] is not None:
-        kwargs["cf_iter"] = _RELAXATION[opts["relaxation"]]
-    return kwargs
+        solver["cf_iter"] = _RELAXATION[opts["relaxation"]]
+    if opts["compute_error"]:
+        solver["compute_error"] = True
+    engine = {"scheduler": opts["scheduler"], "intervals_per_task": per_task, "store": opts["store"]}
+    return {"preset": opts["preset"], "solver": solver, "engine": engine}
 
 
 def mgrit_summary(trainer) -> dict:
@@ -148,7 +137,7 @@ def train_command(**opts):
     state = {"client": None}
 
     def make(settings, dataset):
-        if kwargs["scheduler"] == "distributed":
+        if kwargs["engine"]["scheduler"] == "distributed":
             state["client"] = connect(opts, quiet=bool(opts.get("quiet") or opts.get("as_json")))
         return MGRITTrainer(**settings, **kwargs, client=state["client"])
 

@@ -43,10 +43,8 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
         batch_size=16,
         seed=0,
         preset="solver2",
-        levels=3,
-        cfactor=4,
-        intervals_per_task=8,
-        compute_error=True,
+        solver={"levels": 3, "cfactor": 4, "compute_error": True},
+        engine={"intervals_per_task": 8},
         client=client,
     )
     start = time.perf_counter()

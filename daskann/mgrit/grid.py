@@ -48,7 +48,7 @@ def _flat(model) -> np.ndarray:
     return np.concatenate([p.ravel() for p in model.params])
 
 
-def run_cell(data: dict, preset: str, lr: float, momentum: float, steps: int, **options) -> dict:
+def run_cell(data: dict, preset: str, lr: float, momentum: float, steps: int, **solver) -> dict:
     """One adaptive MGRIT fit against serial training: the grid's row."""
     from daskann.mgrit.trainer import MGRITTrainer
     from daskann.serial import SerialTrainer
@@ -59,7 +59,9 @@ def run_cell(data: dict, preset: str, lr: float, momentum: float, steps: int, **
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", MGRITDidNotPay)  # the row says whether it paid
-        trainer = MGRITTrainer(data["hidden"], preset=preset, scheduler="inprocess", **settings, **options)
+        trainer = MGRITTrainer(
+            data["hidden"], preset=preset, solver=solver, engine={"scheduler": "inprocess"}, **settings
+        )
         trainer.fit(data["X"], data["y"], steps=steps)
     seconds = time.perf_counter() - start
     result = trainer.result_

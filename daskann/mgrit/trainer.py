@@ -19,6 +19,7 @@ from daskann import store as store_module
 from daskann._base import BaseTrainer, TrainingData
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._history import HistoryRecorder
+from daskann._options import GroupedOptions, OptionGroup, group_errors, resolve_group
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, CycleType, FloatDType, Loss, MGRITScheduler, Output
 from daskann._validation import check_choice, invalid
@@ -45,7 +46,8 @@ class _FitRun:
 
     settings: dict
     options: dict  # the solver's, preset and explicit values merged
-    scheduler: str
+    solver: dict  # every option of the ``solver`` group (preset options as given: None takes the preset's)
+    engine: dict  # every option of the ``engine`` group
     data: TrainingData
     order: BatchOrder
     total: int  # steps the trained model will have taken
@@ -67,26 +69,21 @@ class _FitRun:
     final_velocity: list | None = None
     before_last: tuple | None = None
 
+    @property
+    def scheduler(self) -> str:
+        return self.engine["scheduler"]
 
-class MGRITTrainer(BaseTrainer):
-    """Minibatch SGD with momentum, parallel over the training steps by MGRIT.
 
-    Training is the evolution ``w_{i+1} = Phi_i(w_i)`` where ``Phi_i`` is one
-    SGD step on minibatch ``i`` (state: weights, biases and velocity; without
-    momentum weights and biases alone, the velocity, which is then the last
-    gradient, taken once at the end); FAS multigrid in time solves all steps
-    at once and converges to the weights
-    :class:`SerialTrainer` produces with the same settings. Takes the settings
-    of :class:`daskann._base.BaseTrainer` plus the solver's.
+class MGRITSolverOptions(OptionGroup):
+    """The ``solver`` options of :class:`MGRITTrainer`: how MGRIT solves, apart from the problem.
+
+    Given to the trainer as ``solver=MGRITSolverOptions(...)``, or as a dict of
+    the same keywords (``solver={"levels": 4}``); either way
+    ``trainer.set_params(solver__levels=4)`` sets one option. An option left
+    at None takes the value of the trainer's ``preset``.
 
     Parameters
     ----------
-    preset : {"solver1", "solver2", "solver3", "solver4"}
-        Solver configuration (see :mod:`daskann.mgrit.presets`); every option
-        below left at None takes the preset's value. The default, ``"solver2"``,
-        was chosen on the ordinary-SGD grid of ``daskann bench mgrit --grid``
-        (docs/mgrit.md): it converged in as many cells as any preset, with the
-        fewest iterations and less work than ``"solver3"``.
     levels, cfactor, cf_iter, cycle_type, weight_c, weight_c_growth, tol, rtol, max_iter, nested_iteration
         Solver options (:class:`daskann.mgrit.MGRIT`).
     coarse, alpha_growth, alpha_cap, substeps, coarse_batches
@@ -94,21 +91,6 @@ class MGRITTrainer(BaseTrainer):
         A callable ``coarse(state, start, stop, level)`` maps the state, the
         parameters in ``MLP.params`` order followed by their velocities (the
         parameters alone without momentum), to the state.
-    scheduler : {"distributed", "threads", "sync", "inprocess"}
-        ``"distributed"`` (default) runs the tasks on ``client`` (or the
-        default client, or an embedded LocalCluster); ``"threads"`` and
-        ``"sync"`` use dask's local schedulers; ``"inprocess"`` runs the same
-        tasks on numpy arrays in this process.
-    store : path, optional
-        Zarr trajectory store (dask schedulers). By default a store named
-        after the run under ``checkpoint_dir/checkpoints`` when a checkpoint
-        folder is set (removed once the run converged), else a temporary
-        folder. Fitting again with the same settings and data continues an
-        interrupted run from its store; a store of another run is refused.
-    intervals_per_task : int or "auto"
-        Intervals one task relaxes (``"auto"``: about 32 tasks per sweep).
-    timeout : float
-        Seconds one iteration may take on a cluster.
     divergence_factor : float or None
         Residual growth that counts as instability.
     require_convergence : bool
@@ -127,7 +109,124 @@ class MGRITTrainer(BaseTrainer):
     compute_error : bool
         Also train serially (in this process) and record the error of the
         current final weights against it after every iteration.
+
+    Examples
+    --------
+    >>> MGRITTrainer((8,), preset="solver3", solver=MGRITSolverOptions(levels=4, max_iter=20))
+    MGRITTrainer(hidden_sizes=(8,), preset='solver3',
+                 solver=MGRITSolverOptions(levels=4, max_iter=20))
+    """
+
+    group = "solver"
+
+    def __init__(
+        self,
+        *,
+        levels=None,
+        cfactor=None,
+        cf_iter=None,
+        cycle_type: CycleType | None = None,
+        weight_c=None,
+        weight_c_growth=None,
+        tol=None,
+        rtol=None,
+        max_iter=None,
+        nested_iteration=None,
+        coarse=None,
+        alpha_growth=None,
+        alpha_cap=None,
+        substeps=None,
+        coarse_batches=None,
+        divergence_factor=1e4,
+        require_convergence=False,
+        compute_error=False,
+    ):
+        self._store(locals())
+
+
+class MGRITEngineOptions(OptionGroup):
+    """The ``engine`` options of :class:`MGRITTrainer`: where and how the solver's tasks run.
+
+    Given as ``engine=MGRITEngineOptions(...)`` or a dict of the same
+    keywords (``engine={"scheduler": "inprocess"}``).
+
+    Parameters
+    ----------
+    scheduler : {"distributed", "threads", "sync", "inprocess"}
+        ``"distributed"`` (default) runs the tasks on the trainer's ``client``
+        (or the default client, or an embedded LocalCluster); ``"threads"``
+        and ``"sync"`` use dask's local schedulers; ``"inprocess"`` runs the
+        same tasks on numpy arrays in this process.
+    store : path, optional
+        Zarr trajectory store (dask schedulers). By default a store named
+        after the run under ``checkpoint_dir/checkpoints`` when a checkpoint
+        folder is set (removed once the run converged), else a temporary
+        folder. Fitting again with the same settings and data continues an
+        interrupted run from its store; a store of another run is refused.
+    intervals_per_task : int or "auto"
+        Intervals one task relaxes (``"auto"``: about 32 tasks per sweep).
+    timeout : float
+        Seconds one iteration may take on a cluster.
+    """
+
+    group = "engine"
+
+    def __init__(
+        self,
+        *,
+        scheduler: MGRITScheduler = "distributed",
+        store=None,
+        intervals_per_task="auto",
+        timeout=600.0,
+    ):
+        self._store(locals())
+
+
+#: the group of every option of the two groups, to name it in errors as the user set it
+_GROUP_OF = {
+    **{name: "solver" for name in MGRITSolverOptions._get_param_names()},
+    **{name: "engine" for name in MGRITEngineOptions._get_param_names()},
+}
+
+
+class MGRITTrainer(GroupedOptions, BaseTrainer):
+    """Minibatch SGD with momentum, parallel over the training steps by MGRIT.
+
+    Training is the evolution ``w_{i+1} = Phi_i(w_i)`` where ``Phi_i`` is one
+    SGD step on minibatch ``i`` (state: weights, biases and velocity; without
+    momentum weights and biases alone, the velocity, which is then the last
+    gradient, taken once at the end); FAS multigrid in time solves all steps
+    at once and converges to the weights
+    :class:`SerialTrainer` produces with the same settings. Takes the settings
+    of :class:`daskann._base.BaseTrainer` plus the solver's: a preset, the
+    options that change it, and where the tasks run, as pymgrit keeps its
+    solver apart from the problem.
+
+    Parameters
+    ----------
+    preset : {"solver1", "solver2", "solver3", "solver4"}
+        Solver configuration (see :mod:`daskann.mgrit.presets`); every
+        preset option that ``solver`` leaves at None takes the preset's
+        value. The default, ``"solver2"``, was chosen on the ordinary-SGD
+        grid of ``daskann bench mgrit --grid`` (docs/mgrit.md): it converged
+        in as many cells as any preset, with the fewest iterations and less
+        work than ``"solver3"``.
+    solver : dict or MGRITSolverOptions, optional
+        Solver options that override the preset (``levels``, ``cfactor``,
+        ``cf_iter``, ``cycle_type``, ``weight_c``, ``weight_c_growth``,
+        ``tol``, ``rtol``, ``max_iter``, ``nested_iteration``), the coarse
+        propagator (``coarse``, ``alpha_growth``, ``alpha_cap``,
+        ``substeps``, ``coarse_batches``) and the solve
+        (``divergence_factor``, ``require_convergence``, ``compute_error``);
+        see :class:`MGRITSolverOptions`. None: the preset alone, an adaptive
+        fit. ``set_params(solver__levels=4)`` sets one option.
+    engine : dict or MGRITEngineOptions, optional
+        Where the tasks run: ``scheduler`` (``"distributed"``, the default,
+        on ``client``; ``"threads"``, ``"sync"``, ``"inprocess"``),
+        ``store``, ``intervals_per_task``, ``timeout``; see
+        :class:`MGRITEngineOptions`.
     client : distributed.Client, optional
+        The cluster of ``scheduler="distributed"``.
 
     Attributes
     ----------
@@ -150,13 +249,18 @@ class MGRITTrainer(BaseTrainer):
     --------
     >>> from daskann.data import make_linear
     >>> X, y = make_linear(128, 4, 1, seed=0)
-    >>> t = MGRITTrainer((8,), lr=0.01, batch_size=16, levels=2, cfactor=4, scheduler="inprocess")
+    >>> t = MGRITTrainer(
+    ...     (8,), lr=0.01, batch_size=16, solver={"levels": 2, "cfactor": 4}, engine={"scheduler": "inprocess"}
+    ... )
     >>> t.fit(X, y, steps=32).n_iter_ <= 4
     True
+    >>> t.set_params(solver__cfactor=2).solver
+    {'levels': 2, 'cfactor': 2}
     """
 
     method = "mgrit"
     _reads_dask = True  # dask-array data is checked and read on the workers
+    _option_groups = {"solver": MGRITSolverOptions, "engine": MGRITEngineOptions}
 
     def __init__(
         self,
@@ -179,38 +283,34 @@ class MGRITTrainer(BaseTrainer):
         checkpoint_every=None,
         verbose=0,
         preset="solver2",
-        levels=None,
-        cfactor=None,
-        cf_iter=None,
-        cycle_type: CycleType | None = None,
-        weight_c=None,
-        weight_c_growth=None,
-        tol=None,
-        rtol=None,
-        max_iter=None,
-        nested_iteration=None,
-        coarse=None,
-        alpha_growth=None,
-        alpha_cap=None,
-        substeps=None,
-        coarse_batches=None,
-        scheduler: MGRITScheduler = "distributed",
-        store=None,
-        intervals_per_task="auto",
-        timeout=600.0,
-        divergence_factor=1e4,
-        require_convergence=False,
-        compute_error=False,
+        solver=None,
+        engine=None,
         client=None,
     ):
         self._store_params(locals())
 
     # -- configuration ---------------------------------------------------------------
     def _solver_options(self) -> dict:
-        """Preset values overridden by every option given explicitly."""
-        explicit = {name: getattr(self, name) for name in PRESETS["solver1"] if getattr(self, name) is not None}
-        return resolve_preset(self.preset, **explicit)
+        """The preset's solver and coarse-propagator options, overridden by every one ``solver`` sets (not None).
 
+        Checks the preset's name and the names of ``solver``'s and ``engine``'s options (their values are
+        checked where they are used, all before any task).
+        """
+        resolve_group(self.engine, MGRITEngineOptions)
+        solver = resolve_group(self.solver, MGRITSolverOptions)
+        return resolve_preset(self.preset, **{name: solver[name] for name in PRESETS["solver1"]})
+
+    def _group_options(self) -> tuple[dict, dict]:
+        """Every option of ``solver`` and of ``engine``; the rest of their values are checked where used."""
+        solver = resolve_group(self.solver, MGRITSolverOptions)
+        for name in ("require_convergence", "compute_error"):
+            if not isinstance(solver[name], (bool, np.bool_)):
+                raise invalid(name, solver[name], "True or False", TypeError)
+        engine = resolve_group(self.engine, MGRITEngineOptions)
+        engine["scheduler"] = check_choice("scheduler", engine["scheduler"], SCHEDULERS)
+        return solver, engine
+
+    @group_errors(_GROUP_OF)  # a bad option is named as given: solver['cfactor'], engine['timeout']
     def fit(
         self,
         X,
@@ -266,8 +366,9 @@ class MGRITTrainer(BaseTrainer):
         # over the iteration budget: a converged run stops short of it
         run.bar = self._progress_bar(run.options["max_iter"], "mgrit", unit="iteration")
         with self._run_lock(), run.bar:  # the folder is this run's until its checkpoint is written
-            run.reference = self._reference(reference, X, y, run.model, run.resume, run.total)
-            result = self._solve(run, solver) if self.require_convergence else self._solve_adaptive(run, solver)
+            run.reference = self._reference(reference, X, y, run.model, run.resume, run.total, run.solver)
+            strict = run.solver["require_convergence"]
+            result = self._solve(run, solver) if strict else self._solve_adaptive(run, solver)
             self._finish_fit(run, result)
         self._warn_if_unpaid(result)
         return self
@@ -282,7 +383,7 @@ class MGRITTrainer(BaseTrainer):
         """Check every setting and the data, and find the state training starts from."""
         settings = self._check_settings()
         options = self._solver_options()
-        scheduler = check_choice("scheduler", self.scheduler, SCHEDULERS)
+        solver, engine = self._group_options()
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
@@ -296,14 +397,14 @@ class MGRITTrainer(BaseTrainer):
             raise invalid("steps", total, f"more than the {done} steps the resumed checkpoint holds")
         options = self._levels_for(options, total - done)
         self._check_checkpoint_space(settings, model.sizes, done, total, count=1)  # one, at the end
-        return _FitRun(settings, options, scheduler, data, order, total, model, velocity, done, resume)
+        return _FitRun(settings, options, solver, engine, data, order, total, model, velocity, done, resume)
 
     def _levels_for(self, options: dict, n_steps: int) -> dict:
         """A preset's ``levels`` is a maximum, as XBraid's ``max_levels``: a short run keeps the levels its steps allow.
 
         Levels set explicitly are kept, and a run too short for them is refused by the solver's check.
         """
-        if self.levels is not None:
+        if resolve_group(self.solver, MGRITSolverOptions)["levels"] is not None:
             return options
         factors = options["cfactor"] if isinstance(options["cfactor"], (list, tuple)) else None
         levels = 1
@@ -337,7 +438,7 @@ class MGRITTrainer(BaseTrainer):
         """
         first = options is None
         options, settings = (run.options if first else options), run.settings
-        if budget is None and not self.require_convergence:
+        if budget is None and not run.solver["require_convergence"]:
             budget = options["max_iter"]
         X, y = run.data.X, run.data.y
         if run.scheduler != "distributed" and is_dask_array(X):  # local schedulers train in this process
@@ -365,7 +466,7 @@ class MGRITTrainer(BaseTrainer):
         u0 = run.u0 = run.prop.initial_state(run.model, run.velocity)
         run_id = _run_id(run.prop.get_config(), options, u0, run.total - run.done)
         if first:
-            run.store, run.scratch = self._store_path(run_id)
+            run.store, run.scratch = self._store_path(run_id, run.engine["store"])
         inprocess = run.scheduler == "inprocess"
         return _adapt.AttemptSolver(
             run.prop,
@@ -383,10 +484,10 @@ class MGRITTrainer(BaseTrainer):
             rtol=options["rtol"],
             max_iter=options["max_iter"] if budget is None else budget,
             nested_iteration=options["nested_iteration"] and initial is None,
-            divergence_factor=self.divergence_factor,
+            divergence_factor=run.solver["divergence_factor"],
             callback=functools.partial(self._record_iteration, run),
-            intervals_per_task=self.intervals_per_task,
-            timeout=self.timeout,
+            intervals_per_task=run.engine["intervals_per_task"],
+            timeout=run.engine["timeout"],
             run_id=run_id if first else None,
             # an adapted attempt is not resumable: a temporary store of its own
             store=None if inprocess or not first else run.store,
@@ -553,7 +654,7 @@ class MGRITTrainer(BaseTrainer):
             path = sum(a.critical_path for a in result.adaptations)
             attrs["mgrit_speedup_unlimited"] = result.n_steps / path if path else float("nan")
         self.history_ = run.history.to_dataset({**self._history_attrs(run.settings), **attrs})
-        if not result.converged and self.require_convergence:
+        if not result.converged and run.solver["require_convergence"]:
             raise MGRITNotConverged(result)
         self.model_, self.velocity_ = run.prop.split(result.state)
         if not run.prop.velocity:
@@ -575,19 +676,20 @@ class MGRITTrainer(BaseTrainer):
             run.final_velocity = self._finish(run, start, vector)[1]
         return run.final_velocity
 
-    def _store_path(self, run_id: str):
-        """The trajectory store and whether it is the trainer's own (removed once the run converged)."""
-        if self.store is not None:
-            if not isinstance(self.store, (str, Path)):
-                raise invalid("store", self.store, "a folder path or None", TypeError)
-            return Path(self.store), False
+    def _store_path(self, run_id: str, store):
+        """The trajectory store (``engine``'s ``store``) and whether it is the trainer's own (removed once the
+        run converged)."""
+        if store is not None:
+            if not isinstance(store, (str, Path)):
+                raise invalid("store", store, "a folder path or None", TypeError)
+            return Path(store), False
         if self.checkpoint_dir is not None:
             # named by the run: fitting again with the same settings continues an interrupted solve
             return Path(self.checkpoint_dir) / store_module.CHECKPOINT_DIR / f"{run_id}.zarr", True
         return None, False
 
-    def _reference(self, reference, X, y, model, resume, total):
-        if reference is None and not self.compute_error:
+    def _reference(self, reference, X, y, model, resume, total, solver: dict):
+        if reference is None and not solver["compute_error"]:
             return None
         if reference is None or (isinstance(reference, str) and reference == "serial"):
             names = set(SerialTrainer._get_param_names()) - {"checkpoint_dir", "checkpoint_every", "verbose"}

@@ -15,11 +15,12 @@ from daskann.npt.cannon import matmul, matmul_nt, matmul_tn
 from daskann.npt.costmodel import CostModel, choose_grid, measure
 from daskann.npt.grid import ProcessGrid, nearest_grids, parse_grid
 from daskann.npt.matrix import GridMatrix
-from daskann.npt.trainer import NPTTrainer
+from daskann.npt.trainer import NPTEngineOptions, NPTTrainer
 
 __all__ = [
     "CostModel",
     "GridMatrix",
+    "NPTEngineOptions",
     "NPTTrainer",
     "ProcessGrid",
     "choose_grid",

@@ -271,9 +271,8 @@ class _Sweep:
             **_kwargs(net.sizes, net.batch, self.config),
             grid=grid,
             mode=mode,
-            share_workers=True,
+            engine={"share_workers": True, "timeout": 600.0},
             client=self.client,
-            timeout=600.0,
         )
         t0 = time.perf_counter()
         t.fit(net.X, net.y, steps=steps + warmup)

@@ -92,7 +92,8 @@ class ProcessGrid:
                 "grid",
                 f"{rows}x{cols}",
                 f"at most {len(workers)} cells on this cluster of {len(workers)} workers "
-                f"(nearest valid grids: {options}), or pass share_workers=True to place several cells per worker",
+                f"(nearest valid grids: {options}), or pass share_workers=True (NPTTrainer: "
+                "engine={'share_workers': True}) to place several cells per worker",
             )
         return cls(rows, cols, tuple(workers[k % len(workers)] for k in range(cells)))
 

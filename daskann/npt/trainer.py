@@ -13,6 +13,7 @@ from daskann import config
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._dask_input import is_dask_array
 from daskann._history import HistoryRecorder
+from daskann._options import GroupedOptions, OptionGroup, resolve_group
 from daskann._typing import Activation, FloatDType, Loss, NPTMode, NPTPipeline, Output
 from daskann._validation import check_choice, check_float, invalid
 from daskann.nn import MLP, SGD
@@ -33,7 +34,39 @@ def resident_available() -> bool:
     return True
 
 
-class NPTTrainer(BaseTrainer):
+class NPTEngineOptions(OptionGroup):
+    """The ``engine`` options of :class:`NPTTrainer`: how the grid runs, beyond its shape and mode.
+
+    Given as ``engine=NPTEngineOptions(...)`` or a dict of the same keywords
+    (``engine={"deterministic": False}``); either way
+    ``trainer.set_params(engine__deterministic=False)`` sets one option.
+
+    Parameters
+    ----------
+    share_workers : bool
+        Allow a grid with more cells than workers (cells dealt out
+        round-robin); otherwise such a grid is an error.
+    deterministic : bool
+        Refuse clusters whose workers run more than one thread, whose results
+        could depend on timing.
+    pipeline : {"auto", "fused", "single", "double"}
+        Graph mode only: how each output block's Cannon steps become tasks.
+        ``"double"``: a task per block product in two accumulation chains
+        (the next operands travel while the current product runs);
+        ``"single"``: a task per block product in one chain; ``"fused"``: one
+        task per output block running its products in Cannon order.
+        ``"auto"`` picks by the size of a block product.
+    timeout : float
+        Seconds without progress after which training fails (never hangs).
+    """
+
+    group = "engine"
+
+    def __init__(self, *, share_workers=False, deterministic=True, pipeline: NPTPipeline = "auto", timeout=120.0):
+        self._store(locals())
+
+
+class NPTTrainer(GroupedOptions, BaseTrainer):
     """Network-parallel training: every matrix product by Cannon's algorithm on a worker grid.
 
     Weights, biases, momentum and activations are cut into blocks that stay on
@@ -60,21 +93,10 @@ class NPTTrainer(BaseTrainer):
         a 1x1 grid its one cell steps as :class:`SerialTrainer` does, with
         serial's arithmetic and no messages. ``"auto"`` picks graph mode when a block product is long enough to
         hide the scheduler's per-task latency.
-    share_workers : bool
-        Allow a grid with more cells than workers (cells dealt out
-        round-robin); otherwise such a grid is an error.
-    deterministic : bool
-        Refuse clusters whose workers run more than one thread, whose results
-        could depend on timing.
-    pipeline : {"auto", "fused", "single", "double"}
-        Graph mode only: how each output block's Cannon steps become tasks.
-        ``"double"``: a task per block product in two accumulation chains
-        (the next operands travel while the current product runs);
-        ``"single"``: a task per block product in one chain; ``"fused"``: one
-        task per output block running its products in Cannon order.
-        ``"auto"`` picks by the size of a block product.
-    timeout : float
-        Seconds without progress after which training fails (never hangs).
+    engine : dict or NPTEngineOptions, optional
+        The engine's rarer knobs: ``share_workers``, ``deterministic``,
+        ``pipeline`` and ``timeout``; see :class:`NPTEngineOptions`.
+        ``set_params(engine__timeout=600)`` sets one option.
     client : distributed.Client, optional
         Default: the current client, or an embedded LocalCluster closed after
         ``fit``.
@@ -118,6 +140,7 @@ class NPTTrainer(BaseTrainer):
 
     method = "npt"
     _reads_dask = True  # dask-array data is checked and read on the workers
+    _option_groups = {"engine": NPTEngineOptions}
 
     def __init__(
         self,
@@ -141,10 +164,7 @@ class NPTTrainer(BaseTrainer):
         verbose=0,
         grid="auto",
         mode: NPTMode = "auto",
-        share_workers=False,
-        deterministic=True,
-        pipeline: NPTPipeline = "auto",
-        timeout=120.0,
+        engine=None,
         client=None,
     ):
         self._store_params(locals())
@@ -155,11 +175,12 @@ class NPTTrainer(BaseTrainer):
 
         grid = parse_grid(self.grid)
         mode = check_choice("mode", self.mode, MODES)
-        pipeline = check_choice("pipeline", self.pipeline, PIPELINES)
+        engine = resolve_group(self.engine, NPTEngineOptions)
+        pipeline = check_choice("engine['pipeline']", engine["pipeline"], PIPELINES)
         for name in ("share_workers", "deterministic"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise invalid(name, getattr(self, name), "True or False", TypeError)
-        timeout = check_float("timeout", self.timeout, minimum=0.0, min_inclusive=False)
+            if not isinstance(engine[name], (bool, np.bool_)):
+                raise invalid(f"engine[{name!r}]", engine[name], "True or False", TypeError)
+        timeout = check_float("engine['timeout']", engine["timeout"], minimum=0.0, min_inclusive=False)
         if self.client is not None and not isinstance(self.client, Client):
             raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
         if mode == "resident" and not resident_available():
@@ -167,8 +188,8 @@ class NPTTrainer(BaseTrainer):
         return {
             "grid": grid,
             "mode": mode,
-            "share_workers": bool(self.share_workers),
-            "deterministic": bool(self.deterministic),
+            "share_workers": bool(engine["share_workers"]),
+            "deterministic": bool(engine["deterministic"]),
             "timeout": timeout,
             "pipeline": pipeline,
         }
@@ -186,10 +207,11 @@ class NPTTrainer(BaseTrainer):
             if threaded:
                 w, n = next(iter(threaded.items()))
                 raise invalid(
-                    "deterministic",
+                    "engine['deterministic']",
                     True,
                     f"a cluster whose workers run one thread each (worker {w} runs {n}; "
-                    f"{len(threaded)} of {len(workers)} workers are multi-threaded), or deterministic=False",
+                    f"{len(threaded)} of {len(workers)} workers are multi-threaded), "
+                    "or engine={'deterministic': False}",
                 )
         if npt["grid"] != "auto":
             ProcessGrid.from_workers(npt["grid"], workers, share_workers=npt["share_workers"])

@@ -8,12 +8,14 @@ from daskann.partition.diversity import linear_cka, submodel_diversity
 from daskann.partition.merge import COMBINES, combine_logits, merge_submodels
 from daskann.partition.split import Partition, split_network
 from daskann.partition.submodels import SubModelError, SubModelResult, submodel_seeds
-from daskann.partition.trainer import PHASES, PartitionTrainer
+from daskann.partition.trainer import PHASES, PartitionMergeOptions, PartitionSplitOptions, PartitionTrainer
 
 __all__ = [
     "COMBINES",
     "PHASES",
     "Partition",
+    "PartitionMergeOptions",
+    "PartitionSplitOptions",
     "PartitionTrainer",
     "SubModelError",
     "SubModelResult",

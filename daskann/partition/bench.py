@@ -369,10 +369,8 @@ class _Seed:
             c.hidden,
             **self.common,
             k=k,
-            combine=c.combine,
-            noise=c.noise,
-            sub_steps=c.sub_steps,
-            mode=mode,
+            merge={"combine": c.combine, "noise": c.noise},
+            split={"sub_steps": c.sub_steps, "mode": mode},
             client=self.client,
         )
 

@@ -66,11 +66,12 @@ def partition_summary(trainer) -> dict:
     """Figures a partitioned run adds to the common summary (JSON-safe)."""
     counts = trainer.partition_.parameter_counts()
     merged = trainer.history_.where(trainer.history_["phase"] == "merge", drop=True)
+    settings = trainer._settings  # the split and merge options the fit ran with, checked
     extra = {
         "k": trainer.partition_.k,
-        "combine": trainer.combine,
-        "merge_noise": float(trainer.noise),
-        "mode": trainer.mode,
+        "combine": settings["combine"],
+        "merge_noise": float(settings["noise"]),
+        "mode": settings["mode"],
         "submodel_sizes": [list(s) for s in trainer.partition_.submodels],
         "parameters_submodel": counts["largest_submodel"],
         "submodel_steps": int(trainer.sub_steps_),
@@ -117,14 +118,8 @@ def train_command(**opts):
         return PartitionTrainer(
             **settings,
             k=opts["k"],
-            combine=opts["combine"],
-            noise=opts["merge_noise"],
-            sub_steps=opts["sub_steps"],
-            sub_epochs=opts["sub_epochs"],
-            mode="sequential" if opts["sequential"] else "parallel",
-            sub_trainer=opts["sub_trainer"],
-            finetune_trainer=opts["finetune_trainer"],
-            retries=opts["retries"],
+            split={**_split_options(opts), "mode": "sequential" if opts["sequential"] else "parallel"},
+            merge=_merge_options(opts),
             client=state["client"],
         )
 
@@ -146,16 +141,22 @@ def make_probe(opts: dict):
         momentum=opts["momentum"],
         batch_size=opts["batch_size"],
         k=opts["k"],
-        combine=opts["combine"],
-        noise=opts["merge_noise"],
-        sub_steps=opts["sub_steps"],
-        sub_epochs=opts["sub_epochs"],
-        sub_trainer=opts["sub_trainer"],
-        finetune_trainer=opts["finetune_trainer"],
-        retries=opts["retries"],
+        split=_split_options(opts),
+        merge=_merge_options(opts),
         seed=opts["seed"],
         dtype=opts["dtype"],
     )
+
+
+def _split_options(opts: dict) -> dict:
+    """The trainer's ``split`` options from the command's flags."""
+    names = ("sub_steps", "sub_epochs", "sub_trainer", "retries")
+    return {name: opts[name] for name in names}
+
+
+def _merge_options(opts: dict) -> dict:
+    """The trainer's ``merge`` options from the command's flags (``--merge-noise`` is ``noise``)."""
+    return {"combine": opts["combine"], "noise": opts["merge_noise"], "finetune_trainer": opts["finetune_trainer"]}
 
 
 @click.command("partition")

@@ -44,9 +44,8 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
         seed=0,
         eval_every=eval_every,
         k=2,
-        combine="mean",
-        noise=0.02,
-        sub_steps=sub_steps,
+        merge={"combine": "mean", "noise": 0.02},
+        split={"sub_steps": sub_steps},
         client=client,
     )
     start = time.perf_counter()

@@ -17,6 +17,7 @@ from daskann import store
 from daskann._base import BaseTrainer
 from daskann._dask_input import is_dask_array, materialize, remote_call
 from daskann._history import HistoryRecorder
+from daskann._options import GroupedOptions, OptionGroup, group_errors, resolve_group
 from daskann._typing import Activation, Combine, FloatDType, Loss, Output, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.cluster import current_client
@@ -40,7 +41,83 @@ PHASES = ("submodel", "merge", "finetune")
 _STATE = "partition"  # folder of a run's partition state
 
 
-class PartitionTrainer(BaseTrainer):
+class PartitionSplitOptions(OptionGroup):
+    """The ``split`` options of :class:`PartitionTrainer`: how the ``k`` sub-models train.
+
+    Given as ``split=PartitionSplitOptions(...)`` or a dict of the same
+    keywords (``split={"sub_steps": 100}``); either way
+    ``trainer.set_params(split__sub_steps=100)`` sets one option.
+
+    Parameters
+    ----------
+    sub_steps, sub_epochs : int, optional
+        Training length of each sub-model (at most one of the two); by default
+        as long as the fine-tuning.
+    mode : {"parallel", "sequential"}
+        Sub-models all at once (one future each) or one after another.
+    sub_trainer : {"serial", "npt"}
+        Trainer of the sub-models: the serial trainer inside one task per
+        sub-model, or :class:`daskann.NPTTrainer`, which spreads each
+        sub-model over every worker (so it needs ``mode="sequential"``).
+    npt_options : dict, optional
+        Extra keyword arguments of every :class:`daskann.NPTTrainer` of the
+        run (NPT sub-models, NPT fine-tuning).
+    retries : int
+        Extra attempts of a sub-model task that raises (a worker that dies
+        is handled by the scheduler, which reruns the task elsewhere).
+    timeout : float
+        Seconds the sub-model phase may take before it is cancelled.
+    """
+
+    group = "split"
+
+    def __init__(
+        self,
+        *,
+        sub_steps=None,
+        sub_epochs=None,
+        mode: PartitionMode = "parallel",
+        sub_trainer: SubTrainer = "serial",
+        npt_options=None,
+        retries=2,
+        timeout=3600.0,
+    ):
+        self._store(locals())
+
+
+class PartitionMergeOptions(OptionGroup):
+    """The ``merge`` options of :class:`PartitionTrainer`: the merged network and its fine-tuning.
+
+    Given as ``merge=PartitionMergeOptions(...)`` or a dict of the same
+    keywords (``merge={"noise": 0.0}``).
+
+    Parameters
+    ----------
+    combine : {"mean", "sum"}
+        Output layer of the merge: the mean (weights over ``k``, mean of the
+        biases) or the sum of the sub-models' logits.
+    noise : float
+        Uniform merge noise relative to each parameter array's largest
+        absolute value (the paper uses 0.02); 0 for an exact merge.
+    finetune_trainer : {"serial", "npt"}, optional
+        Trainer of the merged network; ``None`` means as the split's
+        ``sub_trainer``.
+    """
+
+    group = "merge"
+
+    def __init__(self, *, combine: Combine = "mean", noise=0.02, finetune_trainer: SubTrainer | None = None):
+        self._store(locals())
+
+
+#: the group of every option, to name it in errors as the user set it
+_GROUP_OF = {
+    **{name: "split" for name in PartitionSplitOptions._get_param_names()},
+    **{name: "merge" for name in PartitionMergeOptions._get_param_names()},
+}
+
+
+class PartitionTrainer(GroupedOptions, BaseTrainer):
     """Partitioned pre-training (Miranda and Von Zuben, arXiv:1511.02954).
 
     Each hidden layer's units are cut into ``k`` groups; sub-model ``g`` is
@@ -68,30 +145,17 @@ class PartitionTrainer(BaseTrainer):
     checkpoint_every : int, optional
     k : int
         Number of sub-models, from 2 to the narrowest hidden layer.
-    combine : {"mean", "sum"}
-        Output layer of the merge: the mean (weights over ``k``, mean of the
-        biases) or the sum of the sub-models' logits.
-    noise : float
-        Uniform merge noise relative to each parameter array's largest
-        absolute value (the paper uses 0.02); 0 for an exact merge.
-    sub_steps, sub_epochs : int, optional
-        Training length of each sub-model (at most one of the two); by default
-        as long as the fine-tuning.
-    mode : {"parallel", "sequential"}
-        Sub-models all at once (one future each) or one after another.
-    sub_trainer : {"serial", "npt"}
-        Trainer of the sub-models: the serial trainer inside one task per
-        sub-model, or :class:`daskann.NPTTrainer`, which spreads each
-        sub-model over every worker (so it needs ``mode="sequential"``).
-    finetune_trainer : {"serial", "npt"}, optional
-        Trainer of the merged network; ``None`` means as ``sub_trainer``.
-    npt_options : dict, optional
-        Extra keyword arguments of :class:`daskann.NPTTrainer`.
-    retries : int
-        Extra attempts of a sub-model task that raises (a worker that dies
-        is handled by the scheduler, which reruns the task elsewhere).
-    timeout : float
-        Seconds the sub-model phase may take before it is cancelled.
+    split : dict or PartitionSplitOptions, optional
+        How the sub-models train: ``sub_steps`` or ``sub_epochs`` (their
+        length; by default the fine-tuning's), ``mode`` (``"parallel"``, one
+        future each, or ``"sequential"``), ``sub_trainer`` (``"serial"`` or
+        ``"npt"``), ``npt_options``, ``retries`` and ``timeout``; see
+        :class:`PartitionSplitOptions`. ``set_params(split__mode="sequential")``
+        sets one option.
+    merge : dict or PartitionMergeOptions, optional
+        How the sub-models become the full network and train on: ``combine``
+        (``"mean"`` or ``"sum"`` of the output layers), ``noise`` (0.02, the
+        paper's) and ``finetune_trainer``; see :class:`PartitionMergeOptions`.
     client : distributed.Client, optional
         Default: the current client, else an embedded LocalCluster.
 
@@ -136,12 +200,13 @@ class PartitionTrainer(BaseTrainer):
     --------
     >>> from daskann.data import load_digits
     >>> X, y = load_digits()
-    >>> trainer = PartitionTrainer((64, 64), loss="cross_entropy", lr=0.1, momentum=0.9, k=2)
+    >>> trainer = PartitionTrainer((64, 64), loss="cross_entropy", lr=0.1, momentum=0.9, k=2, merge={"noise": 0.0})
     >>> trainer.fit(X, y, steps=100, validation_data=(X, y))  # doctest: +SKIP
     """
 
     method = "partition"
     _reads_dask = True  # dask-array data is checked and read on the workers
+    _option_groups = {"split": PartitionSplitOptions, "merge": PartitionMergeOptions}
 
     def __init__(
         self,
@@ -164,16 +229,8 @@ class PartitionTrainer(BaseTrainer):
         checkpoint_every=None,
         verbose=0,
         k=2,
-        combine: Combine = "mean",
-        noise=0.02,
-        sub_steps=None,
-        sub_epochs=None,
-        mode: PartitionMode = "parallel",
-        sub_trainer: SubTrainer = "serial",
-        finetune_trainer: SubTrainer | None = None,
-        npt_options=None,
-        retries=2,
-        timeout=3600.0,
+        split=None,
+        merge=None,
         client=None,
     ):
         self._store_params(locals())
@@ -182,28 +239,37 @@ class PartitionTrainer(BaseTrainer):
     def _check_settings(self) -> dict:
         s = super()._check_settings()
         s["k"] = check_hidden_k(self.k, s["hidden_sizes"])
-        s["combine"] = check_combine(self.combine)
-        s["noise"] = check_noise(self.noise)
-        s["mode"] = check_choice("mode", self.mode, MODES)
-        s["sub_trainer"] = check_choice("sub_trainer", self.sub_trainer, SUB_TRAINERS)
-        s["finetune_trainer"] = (
-            s["sub_trainer"]
-            if self.finetune_trainer is None
-            else check_choice("finetune_trainer", self.finetune_trainer, SUB_TRAINERS)
-        )
-        if self.sub_steps is not None and self.sub_epochs is not None:
-            raise invalid("sub_steps/sub_epochs", (self.sub_steps, self.sub_epochs), "at most one of the two")
-        s["sub_steps"] = None if self.sub_steps is None else check_int("sub_steps", self.sub_steps)
-        s["sub_epochs"] = None if self.sub_epochs is None else check_int("sub_epochs", self.sub_epochs)
-        s["retries"] = check_int("retries", self.retries, minimum=0)
-        s["timeout"] = check_float("timeout", self.timeout, minimum=0.0, min_inclusive=False)
-        if self.npt_options is not None and not isinstance(self.npt_options, dict):
-            raise invalid("npt_options", self.npt_options, "a dict of NPTTrainer keyword arguments or None", TypeError)
+        with group_errors(_GROUP_OF):  # a bad option is named as given: split['mode'], merge['noise']
+            s.update(self._check_groups())
         if self.client is not None:
             from distributed import Client
 
             if not isinstance(self.client, Client):
                 raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
+        return s
+
+    def _check_groups(self) -> dict:
+        """The options of ``split`` and ``merge``, checked (errors name an option alone: ``mode=...``)."""
+        split = resolve_group(self.split, PartitionSplitOptions)
+        merge = resolve_group(self.merge, PartitionMergeOptions)
+        s = {"combine": check_combine(merge["combine"]), "noise": check_noise(merge["noise"])}
+        s["mode"] = check_choice("mode", split["mode"], MODES)
+        s["sub_trainer"] = check_choice("sub_trainer", split["sub_trainer"], SUB_TRAINERS)
+        finetune = merge["finetune_trainer"]
+        s["finetune_trainer"] = (
+            s["sub_trainer"] if finetune is None else check_choice("finetune_trainer", finetune, SUB_TRAINERS)
+        )
+        sub_steps, sub_epochs = split["sub_steps"], split["sub_epochs"]
+        if sub_steps is not None and sub_epochs is not None:
+            raise invalid("split", self.split, "at most one of 'sub_steps' and 'sub_epochs'")
+        s["sub_steps"] = None if sub_steps is None else check_int("sub_steps", sub_steps)
+        s["sub_epochs"] = None if sub_epochs is None else check_int("sub_epochs", sub_epochs)
+        s["retries"] = check_int("retries", split["retries"], minimum=0)
+        s["timeout"] = check_float("timeout", split["timeout"], minimum=0.0, min_inclusive=False)
+        if split["npt_options"] is not None and not isinstance(split["npt_options"], dict):
+            raise invalid(
+                "npt_options", split["npt_options"], "a dict of NPTTrainer keyword arguments or None", TypeError
+            )
         for name in ("sub_trainer", "finetune_trainer"):
             if s[name] == "npt":
                 _npt_trainer_class(name)  # fails here, before any task, if it is missing
@@ -214,6 +280,8 @@ class PartitionTrainer(BaseTrainer):
                 "'sequential' with sub_trainer='npt': an NPT sub-model already "
                 "spreads over every worker, so NPT sub-models run one after another",
             )
+        # kept apart from the settings: a dict, not a setting of the history's attributes
+        self._npt_options = dict(split["npt_options"] or {})
         return s
 
     def _training_config(self, settings) -> dict:
@@ -237,7 +305,7 @@ class PartitionTrainer(BaseTrainer):
             Float targets for ``"mse"``, integer labels for ``"cross_entropy"``.
         steps, epochs : int
             Fine-tuning length, exactly one of the two (also the sub-models'
-            length unless ``sub_steps`` or ``sub_epochs`` is set).
+            length unless ``split`` sets ``sub_steps`` or ``sub_epochs``).
         validation_data : (X_val, y_val), optional
             Evaluated every ``eval_every`` steps in every phase; the sub-models'
             diversity is measured on it.
@@ -298,7 +366,8 @@ class PartitionTrainer(BaseTrainer):
         X, y, validation_data
             As :meth:`fit`.
         steps, epochs : int, optional
-            Length of each sub-model; by default ``sub_steps`` or ``sub_epochs``.
+            Length of each sub-model; by default ``split``'s ``sub_steps`` or ``sub_epochs``, else the
+            trainer's ``steps`` or ``epochs``.
 
         Returns
         -------
@@ -445,7 +514,7 @@ class PartitionTrainer(BaseTrainer):
                 specs,
                 data,
                 retries=settings["retries"],
-                npt_options=self.npt_options or {},
+                npt_options=self._npt_options,
             )
         else:
             from daskann.cluster import check_worker_memory
@@ -581,7 +650,7 @@ class PartitionTrainer(BaseTrainer):
         )
         if settings["finetune_trainer"] == "npt":
             npt_class = _npt_trainer_class("finetune_trainer")
-            return npt_class(settings["hidden_sizes"], client=client, **kwargs, **(self.npt_options or {}))
+            return npt_class(settings["hidden_sizes"], client=client, **kwargs, **self._npt_options)
         from daskann.serial import SerialTrainer
 
         return SerialTrainer(settings["hidden_sizes"], **kwargs)
@@ -695,4 +764,4 @@ def _npt_trainer_class(name: str):
     return NPTTrainer
 
 
-__all__ = ["PHASES", "PartitionTrainer", "SubModelError"]
+__all__ = ["PHASES", "PartitionMergeOptions", "PartitionSplitOptions", "PartitionTrainer", "SubModelError"]

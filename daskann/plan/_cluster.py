@@ -361,9 +361,8 @@ def _mgrit_task_cost(
     net, X, y, settings = _pilot_net(net, steps, cluster, runs=3 * iterations)  # about three sweeps an iteration
     config = config or {"preset": "solver2", "levels": 2, "cfactor": 4}
     config = {k: config[k] for k in ("preset", "levels", "cfactor")}
-    trainer = MGRITTrainer(
-        net.sizes[1:-1], **settings, **config, max_iter=iterations, tol=1e-300, require_convergence=False, client=client
-    )
+    solver = {"levels": config["levels"], "cfactor": config["cfactor"], "max_iter": iterations, "tol": 1e-300}
+    trainer = MGRITTrainer(net.sizes[1:-1], **settings, preset=config["preset"], solver=solver, client=client)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the pilot's convergence does not matter, its timing does
         trainer.fit(X, y, steps=steps)
@@ -420,7 +419,7 @@ def _partition_overhead(client, cluster: ClusterSpec, net=None, *, steps: int = 
     net, X, y, settings = _pilot_net(net, 2 * steps, cluster, runs=repeats)
     spent = []
     for _ in range(repeats):
-        trainer = PartitionTrainer(net.sizes[1:-1], **settings, k=2, sub_steps=steps, client=client)
+        trainer = PartitionTrainer(net.sizes[1:-1], **settings, k=2, split={"sub_steps": steps}, client=client)
         trainer.fit(X, y, steps=steps)
         spent.append(sum(trainer.timings_[phase] for phase in ("submodel", "merge", "finetune")))
     p = len(worker_addresses(client))

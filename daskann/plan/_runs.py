@@ -63,10 +63,8 @@ def pilot_configs(hidden, X, y, settings: dict, steps: int, *, pilot_steps: int 
             hidden,
             **settings,
             preset=preset,
-            levels=levels,
-            cfactor=cfactor,
-            scheduler="inprocess",
-            require_convergence=False,
+            solver={"levels": levels, "cfactor": cfactor, "require_convergence": False},
+            engine={"scheduler": "inprocess"},
         )
         try:
             with warnings.catch_warnings():
@@ -291,10 +289,8 @@ def _run_mgrit(client, hidden, X, y, settings, steps, config) -> float:
         hidden,
         **settings,
         preset=config["preset"],
-        levels=config["levels"],
-        cfactor=config["cfactor"],
+        solver={"levels": config["levels"], "cfactor": config["cfactor"], "require_convergence": False},
         client=client,
-        require_convergence=False,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -308,7 +304,9 @@ def _run_partition(client, hidden, X, y, settings, config, *, repeats: int = 3) 
 
     spent = []
     for _ in range(repeats):
-        trainer = PartitionTrainer(hidden, **settings, k=config["k"], sub_steps=config["sub_steps"], client=client)
+        trainer = PartitionTrainer(
+            hidden, **settings, k=config["k"], split={"sub_steps": config["sub_steps"]}, client=client
+        )
         t0 = time.perf_counter()
         trainer.fit(X, y, steps=config["finetune_steps"])
         timings = trainer.timings_
