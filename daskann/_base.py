@@ -225,6 +225,8 @@ class BaseTrainer(BaseEstimator):
         check_is_fitted(self)
         n_features, dtype = self._input_layout()
         if is_dask_array(X):
+            if np.issubdtype(X.dtype, np.integer) or X.dtype == bool:
+                X = X.astype(dtype)  # as validate_data converts numpy X
             if hasattr(self, "n_features_in_"):
                 self._set_input_features(X, reset=False)
             return predictions.checked_features(X, name="X", dtype=dtype, n_features=n_features)
@@ -387,6 +389,8 @@ class BaseTrainer(BaseEstimator):
             # read on the workers; without a cluster yet the data is computed here, as for serial training
             client = data_client(getattr(self, "client", None))
         if client is not None:
+            if is_dask_array(X) and (np.issubdtype(X.dtype, np.integer) or X.dtype == bool):
+                X = X.astype(settings["dtype"])  # as validate_data converts numpy X, chunk by chunk on the workers
             X = check_dask_features_layout(X, "X", n_in)
             if y is None:
                 raise invalid(

@@ -31,7 +31,11 @@ from daskann.npt import NPTTrainer
 from daskann.partition import PartitionTrainer
 
 #: key names of the checks and of reading the data (no training task has one of these)
-CHECK_KEYS = re.compile(r"^\(?'?(from-zarr|original-array|array-|astype-|_chunk_summary-|_combine-|getitem-)")
+# the checks: per-chunk summaries, and for class labels their unique values and positions in classes_
+CHECK_KEYS = re.compile(
+    r"^\(?'?(from-zarr|original-array|array-|astype-|_chunk_summary-|_combine-|getitem-|unique|_encode_block-"
+    r"|finalize-hlgfinalizecompute-)"
+)
 
 
 def _zarr(tmp_path, name: str, **arrays) -> str:
@@ -173,20 +177,20 @@ def _bad_cases(X, y):
             ValueError,
             r"^X=.*1 NaN or Inf values \(first at \(37, 3\), in chunk \(1, 0\)\)",
         ),
-        "integer-X": (dX.astype(np.int64), y, None, TypeError, r"^X=.*float32 or float64"),
-        "fractional-labels": (dX, da.from_array(fractional), None, ValueError, r"^y=.*non-integer"),
+        "complex-X": (dX.astype(np.complex128), y, None, TypeError, r"^X=.*float32 or float64"),
+        "fractional-labels": (dX, da.from_array(fractional), None, ValueError, r"^Unknown label type: continuous"),
         "val-label-range": (
             dX,
             da.from_array(np.zeros(X.shape[0], np.int64)),
             (dX[:10], da.from_array(np.full(10, 7))),
             ValueError,
-            r"^validation_data\[1\]='labels up to 7'",
+            r"^validation_data\[1\]='labels \[7\]'.*classes_=\[0\]",
         ),
     }
 
 
 @pytest.mark.parametrize(
-    "case", ["unknown-chunks", "rows-mismatch", "non-finite", "integer-X", "fractional-labels", "val-label-range"]
+    "case", ["unknown-chunks", "rows-mismatch", "non-finite", "complex-X", "fractional-labels", "val-label-range"]
 )
 @pytest.mark.parametrize("cls", [NPTTrainer, MGRITTrainer, PartitionTrainer])
 def test_bad_dask_input_fails_before_training(cls, case, problem, client2):
@@ -371,8 +375,8 @@ def test_bad_dask_x_for_predict(cls, problem, client2):
     dX = da.from_array(X, chunks=(20, 5))
     cases = [
         (dX[dX[:, 0] > -np.inf], ValueError, r"^X=.*unknown chunk sizes"),
-        (dX[:, :5], ValueError, r"^X=.*12 features, as the network's input layer"),
-        (dX.astype(np.int64), TypeError, r"^X=.*float32 or float64"),
+        (dX[:, :5], ValueError, r"^X has 5 features, but \w+ is expecting 12 features as input"),
+        (dX.astype(np.complex128), TypeError, r"^X=.*float32 or float64"),
     ]
     for bad, error, pattern in cases:
         with scheduler_watch(client2) as watch, pytest.raises(error, match=pattern):
@@ -383,3 +387,17 @@ def test_bad_dask_x_for_predict(cls, problem, client2):
     lazy = trainer.predict(da.from_array(nan_X, chunks=(20, 5)))  # values are read when computed
     with pytest.raises(ValueError, match=r"^X=.*1 NaN or Inf values in chunk \(1, 0\) \(first at \(37, 3\)\)"):
         client2.compute(lazy, sync=True)
+
+
+def test_integer_dask_x_is_converted_as_numpy_x_is(client4):
+    # as scikit-learn's validate_data converts integer numpy X, chunk by chunk where the data lives
+    rng = np.random.default_rng(0)
+    X = rng.integers(-3, 4, size=(96, 6))
+    y = (X[:, 0] > 0).astype(np.int64)
+    dX, dy = da.from_array(X, chunks=(24, 6)), da.from_array(y, chunks=24)
+    settings = dict(loss="cross_entropy", output="softmax", lr=0.1, batch_size=16, steps=6)
+    on_dask = NPTTrainer((8,), grid="1x2", mode="graph", client=client4, **settings).fit(dX, dy)
+    on_numpy = SerialTrainer((8,), **settings).fit(X, y)
+    for a, b in zip(on_dask.model_.params, on_numpy.model_.params, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    np.testing.assert_array_equal(on_dask.predict(dX).compute(), on_numpy.predict(X))

@@ -14,6 +14,7 @@ from daskann.exceptions import DaskannError
 
 #: the built-in error each public error has always been, so existing ``except`` clauses keep working
 BUILTIN_BASE = {
+    "BatchSizeClipped": UserWarning,
     "DamagedStoreError": ValueError,
     "DiskFullError": OSError,
     "ExchangeAborted": RuntimeError,
