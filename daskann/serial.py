@@ -116,9 +116,11 @@ class SerialTrainer(BaseTrainer):
         ----------
         X : array-like of shape (n_samples, n_features)
         y : array-like
-            Float targets for ``"mse"``, integer labels for ``"cross_entropy"``.
-        steps, epochs : int
-            Total training length, exactly one of the two. With ``resume``
+            Targets for ``"mse"`` (any real numbers), class labels for
+            ``"cross_entropy"`` (any hashable values, kept in ``classes_``).
+        steps, epochs : int, optional
+            Total training length for this call, at most one of the two; by
+            default the trainer's ``steps`` or ``epochs``. With ``resume``
             this counts the steps already done.
         validation_data : (X_val, y_val), optional
         init_model : MLP, optional

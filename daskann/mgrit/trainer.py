@@ -328,8 +328,9 @@ class MGRITTrainer(GroupedOptions, BaseTrainer):
         Parameters
         ----------
         X, y : array-like
-        steps, epochs : int
-            Training length, exactly one of the two.
+        steps, epochs : int, optional
+            Training length for this call, at most one of the two; by default
+            the trainer's ``steps`` or ``epochs``.
         validation_data : (X_val, y_val), optional
         init_model : MLP, optional
             Start from these weights.

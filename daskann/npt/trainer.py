@@ -225,9 +225,11 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         ----------
         X : array-like of shape (n_samples, n_features)
         y : array-like
-            Float targets for ``"mse"``, integer labels for ``"cross_entropy"``.
-        steps, epochs : int
-            Total training length, exactly one of the two.
+            Targets for ``"mse"`` (any real numbers), class labels for
+            ``"cross_entropy"`` (any hashable values, kept in ``classes_``).
+        steps, epochs : int, optional
+            Total training length for this call, at most one of the two; by
+            default the trainer's ``steps`` or ``epochs``.
         validation_data : (X_val, y_val), optional
             Evaluated on the grid at evaluation steps.
         init_model : MLP, optional

@@ -302,10 +302,12 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
         ----------
         X : array-like of shape (n_samples, n_features)
         y : array-like
-            Float targets for ``"mse"``, integer labels for ``"cross_entropy"``.
-        steps, epochs : int
-            Fine-tuning length, exactly one of the two (also the sub-models'
-            length unless ``split`` sets ``sub_steps`` or ``sub_epochs``).
+            Targets for ``"mse"`` (any real numbers), class labels for
+            ``"cross_entropy"`` (any hashable values, kept in ``classes_``).
+        steps, epochs : int, optional
+            Fine-tuning length for this call, at most one of the two; by default
+            the trainer's ``steps`` or ``epochs`` (also the sub-models' length
+            unless ``split`` sets ``sub_steps`` or ``sub_epochs``).
         validation_data : (X_val, y_val), optional
             Evaluated every ``eval_every`` steps in every phase; the sub-models'
             diversity is measured on it.
