@@ -127,6 +127,50 @@ def paper_propagator(prob: PaperProblem, options: dict) -> SGDPropagator:
     return SGDPropagator(prob.model, prob.X, prob.y, loss="sse", order=order, **options["propagator"])
 
 
+def step_growth(
+    propagator: SGDPropagator, state, start: int, *, level: int = 0, span: int = 1, iterations: int = 20, seed: int = 0
+) -> float:
+    """Growth factor of one step: ``max ||Phi(w + e v) - Phi(w)|| / e`` over directions ``v``.
+
+    The step is that of ``level`` from fine point ``start`` over ``span``
+    fine steps (``span = 2**level`` in the paper's hierarchies), at the state
+    ``state``; on level 0, ``span`` fine steps one after another (what a
+    coarse step stands for). Power iteration on finite differences of the step; the
+    Jacobian of a gradient-descent step, ``I - alpha H``, is symmetric, so
+    this is its norm: above 1 the step magnifies errors in some direction
+    (``alpha`` times the top Hessian eigenvalue beyond 2, or a negative
+    curvature), and a coarse solve through such steps multiplies them.
+
+    Examples
+    --------
+    >>> prob = three_layer()
+    >>> prop = paper_propagator(prob, paper_options("naive", 8, alpha_b=1.0))
+    >>> 0.9 < step_growth(prop, prop.initial_state(prob.model), 0) < 1.1
+    True
+    """
+
+    def step(vector):
+        if level:
+            return propagator.step_flat(vector, start, start + span, level)
+        for i in range(start, start + span):  # the fine steps a coarse step stands for
+            vector = propagator.step_flat(vector, i, i + 1, 0)
+        return vector
+
+    w = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in state])
+    base = step(w)
+    eps = 1e-6 * max(1.0, float(np.linalg.norm(w)))
+    v = np.random.default_rng(seed).standard_normal(w.size)
+    v /= np.linalg.norm(v)
+    growth = 0.0
+    for _ in range(iterations):
+        jv = (step(w + eps * v) - base) / eps
+        growth = float(np.linalg.norm(jv))
+        if growth == 0.0:
+            break
+        v = jv / growth
+    return growth
+
+
 def solve_paper(
     prob: PaperProblem,
     n_steps: int,
