@@ -18,7 +18,9 @@ four-layer
     ``numpy.random.RandomState(FOUR_LAYER_SEED)``.
 
 :data:`TABLES` lists every table the paper reports (its numbering), with its
-iteration counts where our copy has them (Tables 1-11); :func:`solve_paper` runs one entry. The
+iteration counts where our copy has them (Tables 1-11); :func:`solve_paper` runs one entry, and
+:func:`step_growth` measures how much one step of a level magnifies errors (on the batch problem Solver 1's
+coarse step leaves gradient descent's stability region, which is why Table 11 stalls: docs/mgrit.md). The
 assignment of the four-layer Tables 8-11 to (solver, alpha_b) and the cycle of
 Table 12 are daskann's reading of the paper's description, and so is the row a
 serialized step trains on: the step that computes point ``i`` (of any level)
