@@ -11,7 +11,7 @@ import pytest
 from daskann.data import BatchOrder
 from daskann.mgrit import SGDPropagator, workmodel
 from daskann.mgrit.bench import paper_json, paper_main, paper_tables
-from daskann.mgrit.paper import TABLES, four_layer, paper_propagator, solve_paper, three_layer
+from daskann.mgrit.paper import TABLES, four_layer, paper_propagator, solve_paper, step_growth, three_layer
 from daskann.mgrit.presets import PAPER_PRESETS, PRESETS, paper_levels, paper_options
 from daskann.nn import MLP
 
@@ -192,6 +192,62 @@ def test_four_layer_problem():
     np.testing.assert_array_equal(prob.X[:, :12] @ digits + prob.X[:, 12:] @ digits, prob.y @ digits)
     assert np.all(prob.X[:, :12] @ digits < 2**11)
     np.testing.assert_array_equal(four_layer().model.weights[0], prob.model.weights[0])  # seeded
+
+
+def test_four_layer_phi_is_the_vanilla_loop():
+    """A batch step is the synthetic-gradients tutorial's plain network on all 500 rows at once: the deltas
+    summed over the rows, not averaged (the reading of Tables 8-11, docs/mgrit.md)."""
+    prob = four_layer()
+    prop = paper_propagator(prob, paper_options("naive", 4, alpha_b=0.1))
+    w = [np.array(a) for a in prob.model.weights]
+    ours = prop.step(prop.initial_state(prob.model), 0, 1, 0)
+    layers = [prob.X]
+    for W in w:
+        layers.append(1 / (1 + np.exp(-layers[-1] @ W)))
+    delta = (layers[-1] - prob.y) * layers[-1] * (1 - layers[-1])
+    for k in (2, 1, 0):
+        grad = layers[k].T @ delta
+        delta = delta @ w[k].T * layers[k] * (1 - layers[k])
+        np.testing.assert_allclose(ours[k], w[k] - 0.1 * grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.timeout(60)  # about 7 s of CPU (the solve: 10 iterations over 40 steps of 500 rows); a loaded machine
+def test_table11_coarse_steps_leave_the_stability_region():
+    """Why Table 11 (Solver 1, alpha_b 0.025, two-level, batch) does not converge.
+
+    Full-batch gradient descent on the 500 summed rows sharpens: the top Hessian eigenvalue rises from 33 at
+    w_0 past 2 / 0.05 = 40 by step 20 (and past 2 / 0.025 = 80 near step 40). From there Solver 1's coarse step
+    (alpha^(1) = 0.05) magnifies errors more than the two fine steps it stands for, and the sequential coarse
+    solve multiplies them step after step. At N = 40 the FCF iterate is exact after N / 4 = 10 iterations, but
+    the coarse correction puts back round-off grown tenfold per coarse step at the end of the interval: the
+    residual stalls above the tolerance. At larger N the same growth acts on the whole coarse error."""
+    from threadpoolctl import threadpool_limits
+
+    from daskann.mgrit.propagators import top_curvature
+
+    n, alpha_b = 40, 0.025
+    prob = four_layer()
+    with threadpool_limits(1):
+        prop = paper_propagator(prob, paper_options("schroder1", n, alpha_b=alpha_b, alpha_max=0.2, cycle="two-level"))
+        coarse_lr = prop.alpha(1, 2) * prop.optimizer.lr
+        assert coarse_lr == pytest.approx(2 * alpha_b)
+        serial = [prop.initial_state(prob.model)]
+        for i in range(n):
+            serial.append(prop.fine_step(serial[-1], i))
+        assert top_curvature(prop, serial[0]) < 2 / coarse_lr < top_curvature(prop, serial[20])
+        assert top_curvature(prop, serial[38]) > 2 / alpha_b
+        for i in (20, 30):  # the coarse step magnifies errors; the two fine steps it stands for much less
+            coarse = step_growth(prop, serial[i], i, level=1, span=2, iterations=12)
+            assert coarse > 1.5 and coarse > 1.4 * step_growth(prop, serial[i], i, span=2, iterations=12)
+        assert step_growth(prop, serial[38], 38, level=1, span=2, iterations=12) > 5
+        result = solve_paper(prob, n, "schroder1", cycle="two-level", alpha_b=alpha_b, alpha_max=0.2,
+                             max_iter=n // 4, store_fine=True)  # fmt: skip
+    assert not result.converged and result.residuals[-1] > result.tol
+    flat = [np.concatenate([a.ravel() for a in s]) for s in serial]
+    error = [float(np.linalg.norm(result.fine_points[i] - flat[i])) for i in range(0, n + 1, 2)]
+    assert max(error[:11]) < 1e-13  # exact to round-off up to point 20
+    assert error[-1] > 1e-9  # ... but not at the end: round-off grown by the coarse steps
+    assert all(b > 3 * a for a, b in zip(error[-5:-1], error[-4:], strict=True))
 
 
 # -- Table 1 ---------------------------------------------------------------------------------------------------------
