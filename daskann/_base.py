@@ -20,6 +20,7 @@ from daskann._dask_input import (
     check_dask_data,
     check_dask_features_layout,
     data_client,
+    integers_as_float,
     is_dask_array,
     remote_call,
 )
@@ -225,8 +226,7 @@ class BaseTrainer(BaseEstimator):
         check_is_fitted(self)
         n_features, dtype = self._input_layout()
         if is_dask_array(X):
-            if np.issubdtype(X.dtype, np.integer) or X.dtype == bool:
-                X = X.astype(dtype)  # as validate_data converts numpy X
+            X = integers_as_float(X, dtype)
             if hasattr(self, "n_features_in_"):
                 self._set_input_features(X, reset=False)
             return predictions.checked_features(X, name="X", dtype=dtype, n_features=n_features)
@@ -389,20 +389,11 @@ class BaseTrainer(BaseEstimator):
             # read on the workers; without a cluster yet the data is computed here, as for serial training
             client = data_client(getattr(self, "client", None))
         if client is not None:
-            if is_dask_array(X) and (np.issubdtype(X.dtype, np.integer) or X.dtype == bool):
-                X = X.astype(settings["dtype"])  # as validate_data converts numpy X, chunk by chunk on the workers
-            X = check_dask_features_layout(X, "X", n_in)
-            if y is None:
-                raise invalid(
-                    "y", None, f"targets: {type(self).__name__} requires y to be passed, but the target y is None"
-                )
-            self._set_input_features(X, reset=reset)
+            X = self._dask_layout(X, y, settings, n_in, reset=reset)
         else:
             X, y = self._validated_numpy(X, y, settings, reset=reset)
         if classify:
-            known = None if reset else self.classes_
-            found = labels.unique_labels(y, client) if known is None else None
-            fitted = known if known is not None else labels.fit_classes(found, classes=classes, n_outputs=n_out)
+            fitted = self._fitted_classes(y, classes, n_out, client, reset=reset)
             y = labels.encode(y, fitted)
             n_out = n_out if n_out is not None else fitted.size
             if validation_data is not None:
@@ -423,6 +414,22 @@ class BaseTrainer(BaseEstimator):
             settings["batch_size"] = self._check_batch_order()["batch_size"]
         self._clip_batch_size(settings, data.n_samples)
         return data
+
+    def _dask_layout(self, X, y, settings, n_in, *, reset: bool):
+        """Dask-array ``X`` with its layout checked (no values read), integers cast as numpy ``X`` is."""
+        X = check_dask_features_layout(integers_as_float(X, settings["dtype"]), "X", n_in)
+        if y is None:
+            raise invalid(
+                "y", None, f"targets: {type(self).__name__} requires y to be passed, but the target y is None"
+            )
+        self._set_input_features(X, reset=reset)
+        return X
+
+    def _fitted_classes(self, y, classes, n_out, client, *, reset: bool) -> np.ndarray:
+        """``classes_`` of this fit: those of the first fit when continuing, else found in ``y`` (or ``classes``)."""
+        if not reset:
+            return self.classes_
+        return labels.fit_classes(labels.unique_labels(y, client), classes=classes, n_outputs=n_out)
 
     def _validated_numpy(self, X, y, settings, *, reset: bool):
         """``X`` and ``y`` through scikit-learn's ``validate_data``: its messages, ``n_features_in_``, feature names.

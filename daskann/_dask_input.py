@@ -27,6 +27,7 @@ __all__ = [
     "check_dask_data",
     "check_dask_features_layout",
     "data_client",
+    "integers_as_float",
     "is_dask_array",
     "materialize",
     "remote_call",
@@ -77,6 +78,13 @@ def _as_dask(value, name: str):
 def check_dask_features_layout(X, name: str, n_features: int | None):
     """Shape, dtype and known chunk sizes of dask-array features (no values are read)."""
     return check_features_layout(_as_dask(X, name), name, n_features)
+
+
+def integers_as_float(X, dtype):
+    """Integer or boolean dask-array features cast to ``dtype`` chunk by chunk, as ``validate_data`` casts numpy."""
+    if is_dask_array(X) and (np.issubdtype(X.dtype, np.integer) or X.dtype == bool):
+        return X.astype(dtype)
+    return X
 
 
 def _check_targets_meta(y, name: str, loss: str, n_samples: int, n_outputs: int | None):
