@@ -87,7 +87,7 @@ def test_mgrit_measured_task_cost_replaces_the_built_one():
 
 
 def test_pilots_train_the_planned_net_unless_it_is_large():
-    from daskann.plan._cluster import _pilot_net
+    from daskann.plan._measure import _pilot_net
 
     small = Network((16, 8, 2), 8, 100, n_samples=64)
     net, X, y, settings = _pilot_net(small, 64, SYNTHETIC, runs=12)
@@ -182,7 +182,7 @@ def test_monotone_in_flop_rate_and_latency(method):
 
 
 def test_mpi_like_npt_optimum_grows_with_the_net():
-    from daskann.npt.bench import PAPER_NETS
+    from daskann.npt._paper_nets import PAPER_NETS
 
     mpi = ClusterSpec(workers=(1, 4, 16, 64, 256), flop_rate=1e10, latency=2e-6, bandwidth=5e9, task_overhead=0.0)
     optimum = []
@@ -199,7 +199,7 @@ def test_mpi_like_npt_optimum_grows_with_the_net():
 )
 def test_paper_nets_npt_optimum_on_the_documented_mpi_cluster(bandwidth, expected):
     # docs/plan.md's table: 10 GFLOP/s, 1 us per message, square Cannon grids, batch 128
-    from daskann.npt.bench import PAPER_NETS
+    from daskann.npt._paper_nets import PAPER_NETS
 
     mpi = ClusterSpec(workers=(1,), flop_rate=1e10, latency=1e-6, bandwidth=bandwidth, task_overhead=0.0)
     grids = []
@@ -370,7 +370,7 @@ def test_validated_steps_grow_until_a_run_lasts_long_enough():
 
 
 def test_mgrit_task_cost_calibrated_per_configuration(client2):
-    from daskann.plan._cluster import calibrate_mgrit
+    from daskann.plan._measure import calibrate_mgrit
 
     net = Network((8, 8, 2), 8, 32, n_samples=64, momentum=False)
     configs = [{"preset": p, "levels": 2, "cfactor": 4, "iterations": 3} for p in ("solver1", "solver2")]

@@ -167,7 +167,7 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
 
 def _clean(value):
     """JSON-safe copy: NaN and infinities become null."""
-    from daskann.npt.bench import clean_json
+    from daskann._json import clean_json
 
     return clean_json(value)
 

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from daskann._gemm import gemm_call_seconds, gemm_rate
 from daskann._validation import invalid
 from daskann.npt.grid import split_sizes
 
@@ -235,6 +236,17 @@ def _products(sizes, batch_size: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def step_product_flops(sizes, batch_size: int) -> float:
+    """Flops of the matrix products NPT runs in one training step.
+
+    Forward, weight gradient and input gradient per layer, but for the first
+    layer's input gradient, which nothing needs (see :func:`_products`). The
+    planner's :func:`daskann.plan._model.serial_step_flops` counts that one too,
+    as :class:`daskann.SerialTrainer` computes it.
+    """
+    return float(sum(2.0 * m * k * n for m, k, n in _products(sizes, batch_size)))
+
+
 def _segments(rows: int, cols: int) -> int:
     """Cannon steps per product: the common refinement of a rows- and a cols-way split."""
     cuts = set()
@@ -292,19 +304,7 @@ def measure(client, *, refresh: bool = False) -> CostModel:
 
 def _gemm_rate(n: int = 256, seconds: float = 0.15, small: int = 8) -> tuple[float, float]:
     """Flop rate of ``n x n`` GEMMs and the time of a tiny GEMM call (runs on a worker)."""
-    rng = np.random.default_rng(0)
-    a, b = rng.standard_normal((n, n)), rng.standard_normal((n, n))
-    a @ b
-    count, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        count += 1
-    rate = 2.0 * n**3 * count / (time.perf_counter() - t0)
-    s = rng.standard_normal((small, small))
-    t0 = time.perf_counter()
-    for _ in range(200):
-        s @ s
-    return rate, (time.perf_counter() - t0) / 200
+    return gemm_rate(n, seconds=seconds), gemm_call_seconds(small)
 
 
 def _measure_flops(client, workers) -> tuple[dict, float]:

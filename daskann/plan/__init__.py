@@ -6,7 +6,8 @@ from Python.
 
 from __future__ import annotations
 
-from daskann.plan._cluster import ClusterSpec, cluster_from_dict, load_cluster, measure_cluster, write_cluster
+from daskann.plan._cluster import ClusterSpec, cluster_from_dict, load_cluster, write_cluster
+from daskann.plan._measure import measure_cluster
 from daskann.plan._model import (
     METHODS,
     Network,

@@ -85,8 +85,12 @@ class Network:
         return self.n_samples * (self.sizes[0] + self.sizes[-1]) * self.itemsize
 
 
-def step_flops(sizes, batch_size: int) -> float:
-    """GEMM flops of one serial training step: forward, weight gradient and input gradient per layer."""
+def serial_step_flops(sizes, batch_size: int) -> float:
+    """GEMM flops of one :class:`SerialTrainer` step: forward, weight gradient and input gradient per layer.
+
+    The first layer's input gradient included, as the serial trainer computes it
+    (:func:`daskann.npt.costmodel.step_product_flops`, NPT's count, leaves it out).
+    """
     return sum(6.0 * batch_size * a * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
 
 
@@ -100,7 +104,7 @@ def serial_step_seconds(sizes, batch_size: int, cluster: ClusterSpec) -> float:
     """Seconds of one :class:`SerialTrainer` step on one worker."""
     n_layers = len(sizes) - 1
     return (
-        step_flops(sizes, batch_size) / cluster.flop_rate
+        serial_step_flops(sizes, batch_size) / cluster.flop_rate
         + 3 * n_layers * cluster.gemm_overhead
         + n_layers * cluster.layer_overhead
         + step_elements(sizes, batch_size) * cluster.element_time

@@ -10,15 +10,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from daskann.cluster import worker_addresses
-from daskann.plan._cluster import (
-    OPTIONAL,
-    REQUIRED,
-    ClusterSpec,
-    _partition_overhead,
-    calibrate_mgrit,
-    measure_cluster,
-    step_costs,
-)
+from daskann.mgrit import MGRITTrainer
+from daskann.mgrit._errors import MGRITDiverged
+from daskann.partition import PartitionTrainer
+from daskann.plan._cluster import OPTIONAL, REQUIRED, ClusterSpec
+from daskann.plan._measure import _partition_overhead, calibrate_mgrit, measure_cluster, npt_step_walls, step_costs
 from daskann.plan._model import (
     FINETUNE_FRACTION,
     Network,
@@ -51,9 +47,6 @@ def pilot_configs(hidden, X, y, settings: dict, steps: int, *, pilot_steps: int 
     :data:`daskann.plan._model.ITERATION_GROWTH_PER_DOUBLING` per doubling of
     the steps beyond the pilot's.
     """
-    from daskann.mgrit import MGRITTrainer
-    from daskann.mgrit._errors import MGRITDiverged
-
     n = min(steps, pilot_steps)
     out = []
     for preset, levels, cfactor in PILOT_CONFIGS:
@@ -259,32 +252,7 @@ def _median_cluster(clusters: list[ClusterSpec]) -> ClusterSpec:
     return replace(clusters[0], **numbers, name=name)
 
 
-def npt_step_walls(client, hidden, X, y, settings, steps: int, config, *, repeats: int = 3) -> float:
-    """Seconds of one NPT step at ``config`` (grid and mode), its fit's set-up left out.
-
-    Half the difference of a run of ``3 * steps`` and one of ``steps``,
-    divided by ``steps``: the set-up both pay (the grid placed, data and
-    weights sent, the result gathered) cancels. Each is the median of a few
-    runs, short and long in turn, so that a busy spell hits both alike.
-    """
-    from daskann.npt import NPTTrainer
-
-    runs = {steps: [], 3 * steps: []}
-    for _ in range(repeats):
-        for n, wall in runs.items():
-            trainer = NPTTrainer(hidden, **settings, grid=config["grid"], mode=config["mode"], client=client)
-            t0 = time.perf_counter()
-            trainer.fit(X, y, steps=n)
-            wall.append(time.perf_counter() - t0)
-    walls = [float(np.median(wall)) for wall in runs.values()]
-    if walls[1] <= walls[0]:  # other load swamped the difference: the longer run's share, set-up included
-        return walls[1] / (3 * steps)
-    return (walls[1] - walls[0]) / (2 * steps)
-
-
 def _run_mgrit(client, hidden, X, y, settings, steps, config) -> float:
-    from daskann.mgrit import MGRITTrainer
-
     trainer = MGRITTrainer(
         hidden,
         **settings,
@@ -300,8 +268,6 @@ def _run_mgrit(client, hidden, X, y, settings, steps, config) -> float:
 
 
 def _run_partition(client, hidden, X, y, settings, config, *, repeats: int = 3) -> float:
-    from daskann.partition import PartitionTrainer
-
     spent = []
     for _ in range(repeats):
         trainer = PartitionTrainer(

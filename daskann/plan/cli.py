@@ -137,7 +137,7 @@ def _problem(opts: dict, settings: dict):
     """The network, its data (arrays, made or loaded) and the trainer settings of the pilot and validation."""
     import numpy as np
 
-    from daskann.npt.bench import PAPER_NETS
+    from daskann.npt._paper_nets import PAPER_NETS
     from daskann.plan._model import Network
 
     hidden, n_features, n_outputs, name = tuple(opts["hidden"]), opts["n_features"], opts["n_outputs"], None
@@ -176,7 +176,8 @@ def _problem(opts: dict, settings: dict):
 
 def _cluster(opts: dict, net=None, configs=()):
     """The cluster to predict for, and the MGRIT ``configs`` with their task costs where it is the live one."""
-    from daskann.plan._cluster import calibrate_mgrit, load_cluster, measure_cluster, profile_cluster
+    from daskann.plan._cluster import load_cluster, profile_cluster
+    from daskann.plan._measure import calibrate_mgrit, measure_cluster
 
     if opts["cluster_file"] is not None:
         return load_cluster(opts["cluster_file"]), list(configs)
@@ -194,7 +195,8 @@ def _cluster(opts: dict, net=None, configs=()):
 
 def _measure(opts: dict) -> None:
     from daskann.cluster import close
-    from daskann.plan._cluster import measure_cluster, write_cluster
+    from daskann.plan._cluster import write_cluster
+    from daskann.plan._measure import measure_cluster
 
     client = connect(opts, quiet=True)
     try:
@@ -237,6 +239,6 @@ def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) ->
 
 
 def _clean(value):
-    from daskann.npt.bench import clean_json
+    from daskann._json import clean_json
 
     return clean_json(value)
