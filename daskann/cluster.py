@@ -624,15 +624,23 @@ def current_client(c: Client):
 BLAS_INFO_KEYS = ("internal_api", "num_threads", "architecture", "version", "threading_layer")
 
 
-def _blas_info() -> list[dict]:
+def _blas_info(keys=BLAS_INFO_KEYS) -> list[dict]:
     import numpy  # noqa: F401  (threadpoolctl lists only libraries already loaded)
     from threadpoolctl import threadpool_info
 
-    return [{k: lib.get(k) for k in BLAS_INFO_KEYS} for lib in threadpool_info() if lib.get("user_api") == "blas"]
+    return [{k: lib.get(k) for k in keys} for lib in threadpool_info() if lib.get("user_api") == "blas"]
 
 
-def blas_info(c: Client) -> dict[str, list[dict]]:
+def blas_info(c: Client, *, keys=BLAS_INFO_KEYS, workers=None) -> dict[str, list[dict]]:
     """BLAS libraries each worker has loaded, as threadpoolctl reports them.
+
+    Parameters
+    ----------
+    c : Client
+    keys : sequence of str
+        threadpoolctl's fields to report, in this order (a missing one is ``None``).
+    workers : list of str, optional
+        Only these workers (all by default).
 
     Returns
     -------
@@ -642,7 +650,7 @@ def blas_info(c: Client) -> dict[str, list[dict]]:
         ``architecture`` (the kernel, e.g. Haswell, SkylakeX), ``version``
         and ``threading_layer``.
     """
-    return c.run(_blas_info)
+    return c.run(_blas_info, keys, workers=workers)
 
 
 __all__ = [

@@ -916,7 +916,7 @@ def test_bench_efficiency_reports_both_efficiencies(tmp_path, client2):
 def test_later_iterations_efficiency_leaves_out_the_first_two():
     from types import SimpleNamespace
 
-    from daskann.mgrit.bench import _later_iterations
+    from daskann.bench.mgrit import _later_iterations
 
     result = SimpleNamespace(work=[10.0, 8.0, 8.0, 8.0], iteration_times=[5.0, 4.0, 1.0, 1.0])
     assert _later_iterations(result, 0.25) == pytest.approx(16 * 0.25 / 2.0)

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
+from daskann.bench.mgrit_paper import TABLES, four_layer, paper_propagator, solve_paper, step_growth, three_layer
+from daskann.bench.mgrit_tables import paper_json, paper_main, paper_tables
 from daskann.data import BatchOrder
 from daskann.mgrit import SGDPropagator, workmodel
-from daskann.mgrit.bench import paper_json, paper_main, paper_tables
-from daskann.mgrit.paper import TABLES, four_layer, paper_propagator, solve_paper, step_growth, three_layer
 from daskann.mgrit.presets import PAPER_PRESETS, PRESETS, paper_levels, paper_options
 from daskann.nn import MLP
 

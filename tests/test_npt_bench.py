@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from daskann import store
+from daskann.bench import npt as bench
+from daskann.bench import npt_checks, npt_output
 from daskann.nn._functional import mse_loss
-from daskann.npt import _kernels, bench
-from daskann.npt.costmodel import CostModel
+from daskann.npt import _kernels
+from daskann.npt.costmodel import CostModel, step_product_flops
 
 #: keys every row of the benchmark's table had before the hardware's bound was added
 OLD_ROW_KEYS = {"net", "sizes", "batch", "grid", "cells", "p", "mode", "time_per_step", "speedup", "efficiency"}
@@ -22,8 +24,8 @@ def _spec(array):
 
 def test_step_flops_of_the_wide_net():
     # the 4096-wide step: five products of 2 * 4096**3 flops each
-    assert bench.step_flops((4096, 4096, 4096), 4096) == pytest.approx(687.19e9, rel=1e-4)
-    assert bench.step_flops((4096, 8192, 4096), 4096) == 2 * bench.step_flops((4096, 4096, 4096), 4096)
+    assert step_product_flops((4096, 4096, 4096), 4096) == pytest.approx(687.19e9, rel=1e-4)
+    assert step_product_flops((4096, 8192, 4096), 4096) == 2 * step_product_flops((4096, 4096, 4096), 4096)
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -114,14 +116,14 @@ def test_bench_reports_the_bound_and_set_up_per_row(client2, tmp_path, monkeypat
     measured = []
     measure_flops = costmodel._measure_flops
     monkeypatch.setattr(costmodel, "_measure_flops", lambda *a: measured.append(1) or measure_flops(*a))
-    result = bench.run_bench(client2, config, log=lambda *_: None)
+    result = bench.run(client2, config, log=lambda *_: None)
     hardware = result["hardware"]
     assert hardware["cores"] >= 1 and hardware["gemm_rate"] == max(hardware["gemm_rates"]) > 0
     table = result["table"]
     assert {r["net"] for r in table} == {"one-hidden", "large-48-96"}
     for r in table:
         assert OLD_ROW_KEYS <= set(r)
-        assert r["flops"] == bench.step_flops(tuple(int(s) for s in r["sizes"].split("-")), r["batch"])
+        assert r["flops"] == step_product_flops(tuple(int(s) for s in r["sizes"].split("-")), r["batch"])
         # the large net's rows against the GEMM rate probed beside them; the fastest probe is the run's
         rate = r["gemm_rate"] if r["net"].startswith("large-") else hardware["gemm_rate"]
         assert 0 < rate <= hardware["gemm_rate"]
@@ -138,12 +140,12 @@ def test_bench_reports_the_bound_and_set_up_per_row(client2, tmp_path, monkeypat
     assert bound["target"] == ">= 0.8" and bound["mode"].startswith("auto-") and bound["gemm_rate"] > 0
     assert "one-hidden" in checks["resident_1x1_vs_serial"]
     assert "large-48-96" in checks["grid_auto"]
-    text = bench.format_table(table) + bench.format_checks(checks)
+    text = npt_output.format_table(table) + npt_checks.format_checks(checks)
     assert "E hw" in text and "setup s" in text and "hardware's bound" in text
     # grid="auto" fits find the cost model cached: its probing is not their set-up
     assert len(measured) <= 1  # the run's own measurement at most: every auto fit found it cached
     assert all(r["probe_s"] >= 0 for r in table if r["mode"].startswith("auto-"))
-    paths = bench.write_outputs(result, tmp_path)
+    paths = npt_output.write_outputs(result, tmp_path)
     saved = json.loads(paths["json"].read_text())
     assert saved["hardware"]["cores"] == hardware["cores"] and "hw_efficiency" in saved["table"][0]
     columns = store.load_history(paths["zarr"])
@@ -161,14 +163,14 @@ def test_auto_check_judges_the_pick_not_two_timings_of_it():
         _row("n", "2x2", "resident", 0.9e-3, cells=4),
         _row("n", "1x1", "auto-resident", 1.0e-3),  # the same configuration, timed 25% slower
     ]
-    got = bench._check_auto(table, {}, "n", {"grid": "1x1", "mode": "resident"})
+    got = npt_checks._check_auto(table, {}, "n", {"grid": "1x1", "mode": "resident"})
     assert got["picked_best"] and got["within_10pct"] and got["no_grid_pays"] is False
     # another grid than the best: judged by its time
     table[-1] = _row("n", "2x2", "auto-resident", 1.0e-3, cells=4)
-    got = bench._check_auto(table, {}, "n", {"grid": "2x2", "mode": "resident"})
+    got = npt_checks._check_auto(table, {}, "n", {"grid": "2x2", "mode": "resident"})
     assert not got["picked_best"] and not got["within_10pct"]
     table[-1] = _row("n", "2x2", "auto-resident", 0.85e-3, cells=4)
-    assert bench._check_auto(table, {}, "n", {"grid": "2x2", "mode": "resident"})["within_10pct"]
+    assert npt_checks._check_auto(table, {}, "n", {"grid": "2x2", "mode": "resident"})["within_10pct"]
 
 
 def test_single_worker_check_takes_the_median_of_rounds_timed_in_turn():
@@ -177,8 +179,8 @@ def test_single_worker_check_takes_the_median_of_rounds_timed_in_turn():
         ("one-hidden", "1x1", "resident"): {"time_per_step": 0.45e-3, "setup_s": 0.1},
     }
     # the sweep's own pair alone (a busy spell during the resident run) fails the target
-    assert not bench._check_single_worker(rows, {})["one-hidden"]["met"]
+    assert not npt_checks._check_single_worker(rows, {})["one-hidden"]["met"]
     pairs = {"one-hidden": [(0.3e-3, 0.45e-3), (0.4e-3, 0.4e-3), (0.42e-3, 0.38e-3)]}
-    got = bench._check_single_worker(rows, pairs)["one-hidden"]
+    got = npt_checks._check_single_worker(rows, pairs)["one-hidden"]
     assert got["ratio"] == pytest.approx(1.0) and got["met"] and len(got["rounds"]) == 3
     assert got["step_s"] == pytest.approx(0.4e-3) and got["serial_s"] == pytest.approx(0.4e-3)

@@ -19,6 +19,7 @@ from conftest import no_tasks_submitted, restore_workers, run_notebook
 from distributed import get_task_stream
 
 from daskann import store
+from daskann.bench.partition import BenchmarkConfig, run_benchmark, time_to_target
 from daskann.data import load_dataset
 from daskann.nn import MLP
 from daskann.partition import (
@@ -33,7 +34,6 @@ from daskann.partition import (
     submodel_diversity,
     submodel_seeds,
 )
-from daskann.partition.bench import BenchmarkConfig, run_benchmark, time_to_target
 from daskann.partition.cli import bench_command, train_command
 from daskann.serial import SerialTrainer
 

@@ -37,7 +37,8 @@ def test_log_axis_labels_plainly_with_at_least_two_ticks():
 def test_npt_plots_leave_pyplot_and_the_backend_alone(tmp_path):
     import matplotlib.pyplot as plt
 
-    from daskann.npt.bench import _derive, plot
+    from daskann.bench.npt import _derive
+    from daskann.bench.npt_output import plot
 
     backend, figures = matplotlib.get_backend(), plt.get_fignums()
     table = [{"net": "one-hidden", "grid": "-", "cells": 1, "p": 1, "mode": "serial", "time_per_step": 0.002}]

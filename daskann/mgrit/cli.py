@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -240,20 +241,64 @@ def train_command(**opts):
 def bench_command(**opts):
     """Iterations against training steps, work-model speedup and wall clock against serial training."""
     if opts["grid"]:
-        from daskann.mgrit.grid import main as grid_main
+        from daskann.bench import mgrit_grid
 
-        grid_main(opts)
-        return
-    if opts["paper"]:
-        from daskann.mgrit.bench import paper_main
+        mgrit_grid.main(opts, echo=click.echo)
+    elif opts["paper"]:
+        from daskann.bench import mgrit_tables
 
-        paper_main(opts)
-        return
-    if opts["efficiency"]:
-        from daskann.mgrit.bench import efficiency_main
+        mgrit_tables.paper_main(opts, echo=click.echo)
+    elif opts["efficiency"]:
+        _efficiency(opts)
+    else:
+        _study(opts)
 
-        efficiency_main(opts)
-        return
-    from daskann.mgrit.bench import main
 
-    main(opts)
+def _say(opts: dict):
+    """Progress lines on standard error, none with ``--quiet`` or ``--json``."""
+    return (lambda msg: None) if opts.get("quiet") or opts.get("as_json") else (lambda msg: click.echo(msg, err=True))
+
+
+def _bench_client(opts: dict):
+    from daskann.cluster import client
+
+    return client(opts.get("address"), n_workers=None if opts.get("address") else opts["workers"], quiet=True)
+
+
+def _study(opts: dict) -> None:
+    """The iteration study and the wall-clock comparison: ``mgrit-bench.json`` and two plots."""
+    from daskann.bench import mgrit
+    from daskann.bench._report import json_default
+    from daskann.cluster import close
+
+    config = mgrit.StudyConfig.from_options(**opts)
+    Path(opts["output"]).mkdir(parents=True, exist_ok=True)
+    c = _bench_client(opts) if config.wall_steps else None
+    try:
+        report = mgrit.run(c, config, say=_say(opts))
+    finally:
+        if c is not None:
+            close(c)
+    mgrit.write_outputs(report, opts["output"])
+    click.echo(
+        json.dumps(report, indent=1, default=json_default) if opts.get("as_json") else mgrit.format_table(report)
+    )
+
+
+def _efficiency(opts: dict) -> None:
+    """The execution study: ``mgrit-efficiency.json``."""
+    from daskann.bench import mgrit_efficiency
+    from daskann.bench._report import json_default, write_json
+    from daskann.cluster import close
+
+    config = mgrit_efficiency.EfficiencyConfig.from_options(**opts)
+    output = Path(opts["output"])
+    output.mkdir(parents=True, exist_ok=True)
+    c = _bench_client(opts)
+    try:
+        report = mgrit_efficiency.run(c, config, say=_say(opts))
+    finally:
+        close(c)
+    write_json(report, output / mgrit_efficiency.EFFICIENCY_JSON, default=json_default)
+    text = json.dumps(report, indent=1, default=json_default) if opts.get("as_json") else None
+    click.echo(text or mgrit_efficiency.format_efficiency(report))

@@ -217,77 +217,25 @@ def _clean(value):
 @click.option("--quick", is_flag=True, help="Small sizes and few steps (a smoke test of the benchmark).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @cli_errors
-def bench_command(
-    output,
-    nets,
-    grids,
-    steps,
-    large_width,
-    large_hidden,
-    large_batch,
-    large_steps,
-    large_grids,
-    widths,
-    modes,
-    quick,
-    as_json,
-    **opts,
-):
+def bench_command(output, quick, as_json, **opts):
     """Time per step, speedup and efficiency of NPT against p, against serial and dask.array's @."""
-    from daskann._validation import check_int, invalid
+    from daskann.bench import npt, npt_checks, npt_output
     from daskann.cluster import close
-    from daskann.npt import bench
-    from daskann.npt.grid import parse_grid
 
-    grid_list = [g.strip() for g in grids.split(",") if g.strip()]
-    large_grid_list = [g.strip() for g in large_grids.split(",") if g.strip()]
-    for flag, values in (("grids", grid_list), ("large_grids", large_grid_list)):
-        for g in values:
-            if parse_grid(g) == "auto":
-                raise invalid(flag, g, "explicit grids such as 1x2,2x2")
-    net_list = [n.strip() for n in nets.split(",") if n.strip()]
-    for n in net_list:
-        if n not in bench.PAPER_NETS:
-            raise invalid("nets", n, "a comma-separated subset of " + ", ".join(bench.PAPER_NETS))
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    for m in mode_list:
-        if m not in ("graph", "resident", "dask", "auto"):
-            raise invalid("modes", m, "a comma-separated subset of graph, resident, dask, auto")
-    width_list = [check_int("widths", int(w)) for w in widths.split(",") if w.strip()] if widths else []
-    config = bench.BenchConfig(
-        nets=net_list,
-        grids=grid_list,
-        modes=mode_list,
-        widths=width_list,
-        large_width=check_int("large_width", large_width, minimum=0),
-        large_batch=check_int("large_batch", large_batch),
-        large_steps=check_int("large_steps", large_steps),
-        large_hidden=check_int("large_hidden", large_hidden, minimum=0),
-        large_grids=["x".join(map(str, parse_grid(g))) for g in large_grid_list],
+    bench_keys = ("nets", "grids", "steps", "large_width", "large_hidden", "large_batch", "large_steps")
+    config = npt.BenchConfig.from_options(
+        **{k: opts.pop(k) for k in (*bench_keys, "large_grids", "widths", "modes")}, quick=quick
     )
-    if steps is not None:
-        config.graph_steps = config.peer_steps = check_int("steps", steps)
-        config.resident_steps = max(config.resident_steps, config.graph_steps)
-    if quick:
-        config.n_samples, config.batch_size = 512, 64
-        config.graph_steps = config.peer_steps = min(config.graph_steps, 3)
-        config.resident_steps, config.serial_steps, config.warmup = 5, 10, 1
-        config.large_width, config.large_batch = min(config.large_width, 256), min(config.large_batch, 256)
-        config.large_hidden = min(config.large_hidden, 512)
-        config.large_steps, config.large_warmup = 2, 1
-        config.widths = config.widths[:2] if config.widths else []
-        config.width_batch = 64
-    log = (lambda *_: None) if as_json else click.echo
     if opts.get("address") is None and opts.get("profile") is None and opts.get("workers") is None:
         opts["workers"] = 4  # enough for the 1x1 .. 2x2 sweep; 2x4 shares them
     client = _connect(opts, quiet=True)
     try:
-        result = bench.run_bench(client, config, log=log)
+        result = npt.run(client, config, log=(lambda *_: None) if as_json else click.echo)
     finally:
         close(client)
-    paths = bench.write_outputs(result, output)
+    paths = npt_output.write_outputs(result, output)
     if as_json:
-        click.echo(json.dumps(bench.clean_json({**result, "outputs": {k: str(v) for k, v in paths.items()}}), indent=2))
+        click.echo(json.dumps(_clean({**result, "outputs": {k: str(v) for k, v in paths.items()}}), indent=2))
         return
     machine = result["machine"]
     click.echo(
@@ -295,6 +243,6 @@ def bench_command(
         f"load {machine.get('load_average')}"
     )
     click.echo(f"BLAS on the workers: {machine.get('blas_worker')}")
-    click.echo(bench.format_table(result["table"]))
-    click.echo(bench.format_checks(result["checks"]))
+    click.echo(npt_output.format_table(result["table"]))
+    click.echo(npt_checks.format_checks(result["checks"]))
     click.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from daskann._cli_common import (
@@ -189,9 +191,9 @@ def _merge_options(opts: dict) -> dict:
 @cli_errors
 def bench_command(**opts):
     """Time to a target validation accuracy: full training vs. k sub-models (parallel, sequential)."""
-    from daskann.partition.bench import BenchmarkConfig, print_report, run_benchmark
+    from daskann.bench.partition import BenchmarkConfig, format_report, run_benchmark
 
-    config = BenchmarkConfig.from_options(opts)
+    config = BenchmarkConfig.from_options(**opts)
     report = run_benchmark(
         config,
         address=opts["address"],
@@ -199,4 +201,4 @@ def bench_command(**opts):
         output=opts["output"],
         progress=None if (opts["quiet"] or opts["as_json"]) else click.echo,
     )
-    print_report(report, as_json=opts["as_json"])
+    click.echo(json.dumps(report, indent=1) if opts["as_json"] else format_report(report))

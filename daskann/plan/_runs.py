@@ -127,8 +127,7 @@ def validate(
     rounds = VALIDATION_ROUNDS if rounds is None else rounds
     seconds = VALIDATION_SECONDS if seconds is None else seconds
     p = len(worker_addresses(client))
-    clusters, checks = [], None
-    predicted, measured, calibrations = {}, {}, {}
+    clusters, checks, predicted, measured, calibrations = [], None, {}, {}, {}
     for _ in range(rounds):
         cluster = measure_cluster(client, net=net)
         clusters.append(cluster)
@@ -139,17 +138,19 @@ def validate(
             calibrations.setdefault(check.method, []).append(own)
             predicted.setdefault(check.method, []).append(_predict(check, own, p, finetune_fraction))
             measured.setdefault(check.method, []).append(_measure(client, check, hidden, X, y, settings))
-    return [
-        {
-            "method": check.method,
-            "workers": p,
-            "predicted_s": float(np.median(predicted[check.method])),
-            "measured_s": float(np.median(measured[check.method])),
-            "steps": check.net.steps,
-            "config": _config_of(check, calibrations[check.method]),
-        }
-        for check in checks
-    ], _median_cluster(clusters)
+    return [_row(check, p, predicted, measured, calibrations) for check in checks], _median_cluster(clusters)
+
+
+def _row(check, p: int, predicted: dict, measured: dict, calibrations: dict) -> dict:
+    """A method's validation row: the medians of its rounds' predictions and measurements."""
+    return {
+        "method": check.method,
+        "workers": p,
+        "predicted_s": float(np.median(predicted[check.method])),
+        "measured_s": float(np.median(measured[check.method])),
+        "steps": check.net.steps,
+        "config": _config_of(check, calibrations[check.method]),
+    }
 
 
 @dataclass(frozen=True)

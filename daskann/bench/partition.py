@@ -32,19 +32,25 @@ sequential). It is the time the run would take with the cores to itself.
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
+from daskann import _plotting
 from daskann._validation import check_choice, check_float, check_hidden_sizes, check_int, invalid
-from daskann.cluster import worker_threads
+from daskann.bench._machine import partition_machine
+from daskann.bench._report import save_figure, write_json
+from daskann.cluster import client as make_client
+from daskann.cluster import close
+from daskann.data import load_dataset
 from daskann.partition.merge import check_combine, check_noise
 from daskann.partition.split import check_hidden_k
+from daskann.partition.trainer import PartitionTrainer
+from daskann.serial import SerialTrainer
 
 DATASETS = ("mnist1d", "digits", "mnist", "cifar10")
 
@@ -106,7 +112,7 @@ class BenchmarkConfig:
         return cls(**values).validated()
 
     @classmethod
-    def from_options(cls, opts: dict) -> BenchmarkConfig:
+    def from_options(cls, **opts) -> BenchmarkConfig:
         """Build from the ``daskann bench partition`` options."""
         hidden = opts.get("hidden")
         ks = opts.get("ks")
@@ -194,47 +200,7 @@ def _record(times, accs, target, **extra) -> dict:
     }
 
 
-def machine_report(client=None) -> dict:
-    """Machine, library versions and BLAS kernels of the client and the workers."""
-    import dask
-    import distributed
-    import threadpoolctl
-
-    def blas():
-        return [
-            {k: info.get(k) for k in ("internal_api", "version", "architecture", "num_threads", "threading_layer")}
-            for info in threadpoolctl.threadpool_info()
-            if info.get("user_api") == "blas"
-        ]
-
-    report = {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "dask": dask.__version__,
-        "distributed": distributed.__version__,
-        "client_blas": blas(),
-    }
-    try:
-        with open("/proc/cpuinfo") as fh:
-            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
-        if names:
-            report["cpu_model"] = names[0]
-    except OSError:
-        pass
-    if client is not None:
-        threads = worker_threads(client)
-        report["workers"] = len(threads)
-        report["threads_per_worker"] = sorted(set(threads.values()))
-        report["worker_blas"] = client.run(blas)
-    return report
-
-
 def _load(config: BenchmarkConfig):
-    from daskann.data import load_dataset
-
     return load_dataset(config.dataset, n_samples=config.n_samples, path=config.data_path, seed=config.data_seed)
 
 
@@ -267,26 +233,28 @@ def run_benchmark(
         seed and variant with its validation curve), ``summary`` (medians
         per variant), ``acceptance`` and ``files``.
     """
-    from daskann.cluster import client as make_client
-    from daskann.cluster import close
-
     config = config.validated()
     n_workers = check_int("workers", n_workers)
+    if client is not None:
+        return run(client, config, output=output, progress=progress)
+    owned = make_client(address, n_workers=None if address else n_workers, quiet=True, dashboard=False)
+    try:
+        return run(owned, config, output=output, progress=progress)
+    finally:
+        close(owned)
+
+
+def run(client, config: BenchmarkConfig, *, output=None, progress=None) -> dict:
+    """Run the benchmark on ``client``'s cluster (see :func:`run_benchmark`)."""
+    config = config.validated()
     data = _load(config)
-    owned = None
-    if client is None:
-        owned = client = make_client(address, n_workers=None if address else n_workers, quiet=True, dashboard=False)
     started = time.perf_counter()
     report = {
         "benchmark": "partition",
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "runs": [],
     }
-    try:
-        _run_seeds(report, config, data, client, started=started, output=output, say=progress or (lambda line: None))
-    finally:
-        if owned is not None:
-            close(owned)
+    _run_seeds(report, config, data, client, started=started, output=output, say=progress or (lambda line: None))
     report["machine"]["load_average_after"] = _loadavg()
     report["seconds"] = round(time.perf_counter() - started, 2)
     report["summary"] = summarize_runs(report["runs"], config)
@@ -298,9 +266,7 @@ def run_benchmark(
 
 def _run_seeds(report: dict, config: BenchmarkConfig, data, client, *, started: float, output, say) -> None:
     """Every seed's runs into ``report``, with the machine they ran on."""
-    from threadpoolctl import threadpool_limits
-
-    report["machine"] = machine_report(client)
+    report["machine"] = partition_machine(client)
     report["machine"]["load_average_before"] = _loadavg()
     # every process trains with one BLAS thread, as each worker does
     with threadpool_limits(limits=1, user_api="blas"):
@@ -362,8 +328,6 @@ class _Seed:
         return self.data.X_val, self.data.y_val
 
     def partition(self, k: int, mode: str):
-        from daskann.partition.trainer import PartitionTrainer
-
         c = self.config
         return PartitionTrainer(
             c.hidden,
@@ -402,8 +366,6 @@ def _one_seed(config: BenchmarkConfig, data, client, seed: int, say) -> list[dic
 
 def _full(s: _Seed) -> dict:
     """The full network from scratch, serially."""
-    from daskann.serial import SerialTrainer
-
     c = s.config
     full = SerialTrainer(c.hidden, **s.common)
     wall, cpu = _timed_fit(full, s.data.X_train, s.data.y_train, steps=c.steps, validation_data=s.val)
@@ -424,8 +386,6 @@ def _full(s: _Seed) -> dict:
 
 def _alone(s: _Seed, k: int) -> dict:
     """The widest sub-model of the split, trained alone as long as the full network."""
-    from daskann.serial import SerialTrainer
-
     c = s.config
     narrow = tuple(-(-h // k) for h in c.hidden)
     alone = SerialTrainer(narrow, **s.common)
@@ -662,13 +622,7 @@ def acceptance(summary: dict, config: BenchmarkConfig) -> dict:
 
 # -- output ---------------------------------------------------------------------
 def _write_json(report: dict, output) -> Path:
-    folder = Path(output)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "partition-bench.json"
-    tmp = folder / f".partition-bench.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(report, indent=1))
-    tmp.replace(path)
-    return path
+    return write_json(report, Path(output) / "partition-bench.json")
 
 
 def write_report(report: dict, output) -> dict:
@@ -696,13 +650,11 @@ _LABELS = {
 
 def plot_report(report: dict, path) -> Path:
     """Validation accuracy against wall time: full, parallel and sequential, one panel per k."""
-    from daskann import _plotting
-
     ks = report["config"]["ks"]
     fig, axes = _plotting.figure(len(ks), size=(6, 4.2))
     for ax, k in zip(axes, ks, strict=True):
         _plot_panel(ax, report, k)
-    return _plotting.save(fig, path, dpi=120)
+    return save_figure(fig, path, dpi=120)
 
 
 def _plot_panel(ax, report: dict, k: int) -> None:
@@ -748,14 +700,10 @@ def _plot_panel(ax, report: dict, k: int) -> None:
     ax.legend(fontsize=7, loc="lower right")
 
 
-def print_report(report: dict, *, as_json: bool = False, echo=None) -> None:
-    """The table of medians (or the whole report as JSON)."""
-    import click
-
-    echo = echo or click.echo
-    if as_json:
-        echo(json.dumps(report, indent=1))
-        return
+def format_report(report: dict) -> str:
+    """The table of medians, with the run's settings, machine and acceptance, as text."""
+    lines = []
+    echo = lines.append
     m = report["machine"]
     c = report["config"]
     echo(
@@ -803,3 +751,4 @@ def print_report(report: dict, *, as_json: bool = False, echo=None) -> None:
     if report.get("files"):
         files = report["files"]
         echo(f"report: {files['json']}" + (f", plot: {files['png']}" if files.get("png") else ""))
+    return "\n".join(lines)

@@ -20,8 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from daskann.bench._report import write_json
 from daskann.data import load_dataset, make_linear
 from daskann.exceptions import MGRITDidNotPay
+from daskann.mgrit.trainer import MGRITTrainer
+from daskann.serial import SerialTrainer
 
 LRS = (1e-3, 1e-2, 5e-2)
 MOMENTA = (0.0, 0.9)
@@ -50,9 +53,6 @@ def _flat(model) -> np.ndarray:
 
 def run_cell(data: dict, preset: str, lr: float, momentum: float, steps: int, **solver) -> dict:
     """One adaptive MGRIT fit against serial training: the grid's row."""
-    from daskann.mgrit.trainer import MGRITTrainer
-    from daskann.serial import SerialTrainer
-
     settings = {k: data[k] for k in ("activation", "loss", "batch_size")}
     settings.update(lr=lr, momentum=momentum, seed=0)
     serial = SerialTrainer(data["hidden"], **settings).fit(data["X"], data["y"], steps=steps)
@@ -121,16 +121,14 @@ def markdown(rows) -> str:
     return head + body
 
 
-def main(opts: dict) -> list[dict]:
-    """``daskann bench mgrit --grid``: run the grid, print the table, write ``bench-mgrit-grid.json``."""
+def main(opts: dict, *, echo=print) -> list[dict]:
+    """``daskann bench mgrit --grid``: run the grid, ``echo`` the table, write ``bench-mgrit-grid.json``."""
     presets = [p.strip() for p in (opts.get("grid_presets") or "solver2").split(",") if p.strip()]
     steps = opts.get("grid_steps") or 256
     quiet = opts.get("quiet") or opts.get("as_json")
-    rows = run_grid(presets, steps=steps, log=None if quiet else print)
-    output = Path(opts.get("output") or ".")
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "bench-mgrit-grid.json").write_text(json.dumps({"rows": rows}, indent=1, default=str))
-    print(json.dumps({"rows": rows}, default=str) if opts.get("as_json") else markdown(rows))
+    rows = run_grid(presets, steps=steps, log=None if quiet else echo)
+    write_json({"rows": rows}, Path(opts.get("output") or ".") / "bench-mgrit-grid.json", default=str)
+    echo(json.dumps({"rows": rows}, default=str) if opts.get("as_json") else markdown(rows))
     return rows
 
 

@@ -12,8 +12,11 @@ serves as a check on the benchmark's numbers.
 from __future__ import annotations
 
 import time
+import uuid
 
+import dask.array as da
 import numpy as np
+from dask.highlevelgraph import HighLevelGraph
 
 from daskann.nn import MLP
 from daskann.npt.grid import split_sizes
@@ -38,11 +41,6 @@ class DaskArrayPeer:
 
     def _scatter(self, array, chunks):
         """A dask array over blocks scattered to the cluster (the scheduler places them)."""
-        import uuid
-
-        import dask.array as da
-        from dask.highlevelgraph import HighLevelGraph
-
         name = f"daskann-peer-{uuid.uuid4().hex[:12]}"
         rows = np.concatenate([[0], np.cumsum(chunks[0])])
         cols = np.concatenate([[0], np.cumsum(chunks[1])])
@@ -61,8 +59,6 @@ class DaskArrayPeer:
 
     def fit(self, model: MLP, X, y, order, steps: int, *, lookahead: int = 1) -> dict:
         """Train ``steps`` steps from ``model``; returns ``{"model", "velocity", "losses", "times"}``."""
-        import dask.array as da
-
         s = self.settings
         dtype = model.dtype
         lr, momentum = dtype.type(s["lr"]), dtype.type(s["momentum"])
@@ -87,21 +83,7 @@ class DaskArrayPeer:
                 inputs.append(A)
                 pre.append(Z)
                 A = _activate(Z, s) if layer < len(W) - 1 else Z
-            n = len(rows)
-            if cross_entropy:
-                labels = np.asarray(y)[rows]
-                onehot = np.zeros((n, A.shape[1]), dtype=dtype)
-                onehot[np.arange(n), labels] = 1
-                onehot = da.from_array(onehot, chunks=A.chunks)
-                shifted = A - A.max(axis=1, keepdims=True)
-                log_norm = da.log(da.exp(shifted).sum(axis=1))
-                loss = (log_norm - (shifted * onehot).sum(axis=1)).mean()
-                dZ = (da.exp(shifted - log_norm[:, None]) - onehot) * dtype.type(1.0 / n)
-            else:
-                target = yd[rows].rechunk(A.chunks)
-                diff = A - target
-                loss = (diff * diff).mean()
-                dZ = diff * dtype.type(2.0 / diff.size)
+            loss, dZ = _cross_entropy(A, np.asarray(y)[rows], dtype) if cross_entropy else _mse(A, yd[rows], dtype)
             new_W, new_b, new_vW, new_vb = [None] * len(W), [None] * len(W), [None] * len(W), [None] * len(W)
             for layer in range(len(W) - 1, -1, -1):
                 gW = inputs[layer].T @ dZ
@@ -123,11 +105,16 @@ class DaskArrayPeer:
         for loss in pending:
             losses.append(float(self.client.compute(loss).result()))
             times.append(time.perf_counter() - t0)
+        trained, velocity = self._gathered(model, W, b, vW, vb)
+        return {"model": trained, "velocity": velocity, "losses": losses, "times": times}
+
+    def _gathered(self, model: MLP, W, b, vW, vb) -> tuple:
+        """The trained model and its velocities (``[vW0, vb0, vW1, ...]``) as numpy, from the cluster."""
         L = len(W)
         values = self.client.gather(self.client.compute([*W, *b, *vW, *vb]))
         weights, biases, vW, vb = values[:L], values[L : 2 * L], values[2 * L : 3 * L], values[3 * L :]
         velocity = []
-        for layer in range(len(weights)):
+        for layer in range(L):
             velocity += [np.asarray(vW[layer]), np.asarray(vb[layer])]
         trained = MLP.from_arrays(
             [np.asarray(w) for w in weights],
@@ -136,20 +123,34 @@ class DaskArrayPeer:
             output=model.output,
             negative_slope=model.negative_slope,
         )
-        return {"model": trained, "velocity": velocity, "losses": losses, "times": times}
+        return trained, velocity
+
+
+def _cross_entropy(A, labels, dtype) -> tuple:
+    """Mean cross-entropy of the logits ``A`` against integer ``labels``, and its gradient."""
+    n = len(labels)
+    onehot = np.zeros((n, A.shape[1]), dtype=dtype)
+    onehot[np.arange(n), labels] = 1
+    onehot = da.from_array(onehot, chunks=A.chunks)
+    shifted = A - A.max(axis=1, keepdims=True)
+    log_norm = da.log(da.exp(shifted).sum(axis=1))
+    loss = (log_norm - (shifted * onehot).sum(axis=1)).mean()
+    return loss, (da.exp(shifted - log_norm[:, None]) - onehot) * dtype.type(1.0 / n)
+
+
+def _mse(A, target, dtype) -> tuple:
+    """Mean squared error of ``A`` against ``target`` (rechunked as ``A``), and its gradient."""
+    diff = A - target.rechunk(A.chunks)
+    return (diff * diff).mean(), diff * dtype.type(2.0 / diff.size)
 
 
 def _activate(Z, s):
-    import dask.array as da
-
     if s["activation"] == "relu":
         return da.maximum(Z, 0)
     return da.where(Z > 0, Z, Z * Z.dtype.type(s["negative_slope"]))
 
 
 def _activation_backward(dA, Z, s):
-    import dask.array as da
-
     if s["activation"] == "relu":
         return da.where(Z > 0, dA, 0).astype(dA.dtype)
     return da.where(Z > 0, dA, dA * dA.dtype.type(s["negative_slope"]))
