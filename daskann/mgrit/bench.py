@@ -153,7 +153,7 @@ def run_study(problem: dict, n_steps: int, options: dict, *, levels: int, worker
     serial = SerialTrainer(
         problem["hidden"],
         lr=problem["lr"],
-        momentum=problem["momentum"],
+        sgd={"momentum": problem["momentum"]},
         batch_size=problem["batch_size"],
         seed=problem["seed"],
         activation=problem["activation"],
@@ -197,7 +197,7 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
 
     settings = dict(
         lr=problem["lr"],
-        momentum=problem["momentum"],
+        sgd={"momentum": problem["momentum"]},
         batch_size=problem["batch_size"],
         seed=problem["seed"],
         activation=problem["activation"],
