@@ -52,7 +52,7 @@ def main():
         from daskann import NPTTrainer  # or MGRITTrainer, PartitionTrainer
 
         X, y = make_mnist1d(4000, seed=0)
-        trainer = NPTTrainer((256, 256), output="softmax", loss="cross_entropy", lr=0.05, client=c)
+        trainer = NPTTrainer((256, 256), loss="cross_entropy", lr=0.05, client=c)
         trainer.fit(X, y, epochs=5)
         log.info("final loss %.4f", float(trainer.history_["loss"][-1]))
     finally:

@@ -44,7 +44,7 @@ def main() -> None:
         for worker, libs in sorted(blas_info(client).items()):
             log.info("%s BLAS %s", worker, libs)
         X, y = make_mnist1d(4000, seed=0)
-        trainer = NPTTrainer((256, 256), output="softmax", loss="cross_entropy", lr=0.05, client=client)
+        trainer = NPTTrainer((256, 256), loss="cross_entropy", lr=0.05, client=client)
         trainer.fit(X, y, epochs=5)
         log.info("grid %s, final loss %.4f", trainer.grid_, float(trainer.history_["loss"][-1]))
 

@@ -9,6 +9,7 @@ steps (:class:`MGRITTrainer`) and partitioned pre-training
 import importlib.metadata
 
 from daskann import config  # noqa: F401  (registers daskann's settings with dask.config)
+from daskann._options import CheckpointOptions, NetworkOptions, SGDOptions
 from daskann.data import BatchOrder
 from daskann.exceptions import DaskannError, TrainingDiverged
 from daskann.mgrit import MGRITTrainer
@@ -31,7 +32,10 @@ __all__ = [
     "SGD",
     "BatchOrder",
     "Checkpoint",
+    "CheckpointOptions",
     "DaskannError",
+    "NetworkOptions",
+    "SGDOptions",
     "SerialTrainer",
     "StoreError",
     "TrainingDiverged",

@@ -6,7 +6,6 @@ import contextlib
 import copy
 import warnings
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone
@@ -24,8 +23,16 @@ from daskann._dask_input import (
     is_dask_array,
     remote_call,
 )
+from daskann._options import (
+    CheckpointOptions,
+    GroupedOptions,
+    NetworkOptions,
+    SGDOptions,
+    group_errors,
+    resolve_group,
+)
 from daskann._progress import ProgressBar
-from daskann._typing import Activation, FloatDType, Loss, Output
+from daskann._typing import Activation, Loss
 from daskann._validation import (
     check_choice,
     check_features,
@@ -42,12 +49,42 @@ from daskann.data import BatchOrder
 from daskann.exceptions import BatchSizeClipped, TrainingDiverged
 from daskann.nn import MLP
 
-__all__ = ["BaseTrainer", "TrainingData", "TrainingDiverged"]
+__all__ = ["BaseTrainer", "TrainingData", "TrainingDiverged", "constructor_arguments"]
 
 
 #: bytes of metadata per checkpoint store, and for the history stored beside them (estimates)
 CHECKPOINT_OVERHEAD = 64 * 1024
 HISTORY_ALLOWANCE = 4 * 2**20
+#: how errors name the checkpoint folder, as the user set it
+CHECKPOINT_DIR = "checkpoint['dir']"
+#: the group and option each grouped setting is given as (settings keep them flat: ``settings["momentum"]``)
+_GROUPED_SETTINGS = {
+    "output": ("network", "output"),
+    "negative_slope": ("network", "negative_slope"),
+    "dtype": ("network", "dtype"),
+    "momentum": ("sgd", "momentum"),
+    "shuffle": ("sgd", "shuffle"),
+    "checkpoint_dir": ("checkpoint", "dir"),
+    "checkpoint_every": ("checkpoint", "every"),
+}
+#: the group each shared option is set in, to name it so in errors
+_SHARED_GROUP_OF = {option: group for group, option in _GROUPED_SETTINGS.values()}
+
+
+def constructor_arguments(settings: dict, **more) -> dict:
+    """A trainer's keywords from flat settings and ``more``: ``momentum=0.9`` becomes ``sgd={"momentum": 0.9}``.
+
+    For code that builds one trainer from another's settings (sub-models,
+    fine-tuning, the command line); the groups' dicts hold only what is given.
+    """
+    arguments: dict = {}
+    for name, value in {**settings, **more}.items():
+        if name in _GROUPED_SETTINGS:
+            group, option = _GROUPED_SETTINGS[name]
+            arguments.setdefault(group, {})[option] = value
+        else:
+            arguments[name] = value
+    return arguments
 
 
 def _evaluate_values(model: MLP, Xv, yv, loss: str) -> dict:
@@ -72,7 +109,7 @@ class TrainingData:
         return self.X.shape[1]
 
 
-class BaseTrainer(BaseEstimator):
+class BaseTrainer(GroupedOptions, BaseEstimator):
     """Settings and bookkeeping shared by all trainers: scikit-learn estimators.
 
     ``__init__`` stores every keyword unchanged, so :func:`sklearn.base.clone`,
@@ -87,12 +124,10 @@ class BaseTrainer(BaseEstimator):
     hidden_sizes : sequence of int
         Widths of the hidden layers; input and output widths come from the data.
     activation : {"relu", "leaky_relu"}
-    output : {"linear", "softmax"}
     loss : {"mse", "cross_entropy"}
+        ``"cross_entropy"`` makes a classifier, ``"mse"`` a regressor.
     lr : float
         Learning rate.
-    momentum : float
-        SGD momentum in ``[0, 1)``.
     batch_size : int
         Rows per step; larger than the data, it is clipped to the number of
         samples with a :class:`~daskann.exceptions.BatchSizeClipped` warning.
@@ -103,25 +138,21 @@ class BaseTrainer(BaseEstimator):
         Training steps (updates) that ``fit`` trains for; when set, it wins over
         ``epochs``. ``fit(..., steps=)`` or ``fit(..., epochs=)`` overrides both
         for that call.
-    shuffle : bool
-        Shuffle each epoch (seeded) or walk the rows in order.
     seed : int
         Seed of the initialisation and the batch order.
-    dtype : {"float64", "float32"}
-    negative_slope : float
-        Leaky ReLU slope.
-    eval_every : int or None
-        Validation every this many steps (and at the end); ``None`` means once
-        per epoch.
-    checkpoint_dir : path or None
-        Run folder for checkpoints; ``None`` keeps everything in memory.
-    checkpoint_every : int or None
-        Checkpoint every this many steps (and at the end) when
-        ``checkpoint_dir`` is set.
     verbose : int
         0 is silent; 1 shows progress on stderr: a bar on a terminal or in a
         notebook, a plain line each tenth of the run (and at least every 10 s)
         when stderr is a file, as in a batch job's log.
+    network : dict or NetworkOptions, optional
+        ``output``, ``negative_slope`` and ``dtype`` (``"float64"``, or
+        ``"float32"``); see :class:`~daskann.NetworkOptions`.
+    sgd : dict or SGDOptions, optional
+        ``momentum`` and ``shuffle``; see :class:`~daskann.SGDOptions`.
+    checkpoint : path, dict or CheckpointOptions, optional
+        The run folder (``dir``) and how often to write a checkpoint there
+        (``every``); ``None`` keeps everything in memory. See
+        :class:`~daskann.CheckpointOptions`.
     """
 
     method = "base"
@@ -131,27 +162,23 @@ class BaseTrainer(BaseEstimator):
     _activations = ("relu", "leaky_relu")
     _outputs = ("linear", "softmax")
     _losses = ("mse", "cross_entropy")
+    _option_groups = {"network": NetworkOptions, "sgd": SGDOptions, "checkpoint": CheckpointOptions}
 
     def __init__(
         self,
         hidden_sizes=(64,),
         *,
         activation: Activation = "relu",
-        output: Output = "linear",
         loss: Loss = "mse",
         lr=0.01,
-        momentum=0.0,
         batch_size=32,
         epochs=10,
         steps=None,
-        shuffle: bool | Literal["serialized"] = True,
         seed=0,
-        dtype: FloatDType = "float64",
-        negative_slope=0.01,
-        eval_every=None,
-        checkpoint_dir=None,
-        checkpoint_every=None,
         verbose=0,
+        network=None,
+        sgd=None,
+        checkpoint=None,
     ):
         self._store_params(locals())
 
@@ -325,41 +352,56 @@ class BaseTrainer(BaseEstimator):
         return float(metric(np.asarray(y), predicted, sample_weight=sample_weight))
 
     # -- checks ---------------------------------------------------------------
-    def _check_settings(self) -> dict:
-        """Validated copy of the settings; raises before anything runs."""
-        s = {
-            "hidden_sizes": check_hidden_sizes(self.hidden_sizes),
-            "activation": check_choice("activation", self.activation, self._activations),
-            "output": check_choice("output", self.output, self._outputs),
-            "loss": check_choice("loss", self.loss, self._losses),
-            "lr": check_learning_rate(self.lr),
-            "momentum": check_momentum(self.momentum),
-            **self._check_batch_order(),
-            "seed": check_int("seed", self.seed, minimum=0),
-            "dtype": check_float_dtype(self.dtype),
-            "negative_slope": check_float("negative_slope", self.negative_slope, minimum=0.0),
-            "eval_every": None if self.eval_every is None else check_int("eval_every", self.eval_every),
-            "checkpoint_every": None
-            if self.checkpoint_every is None
-            else check_int("checkpoint_every", self.checkpoint_every),
-        }
-        if self.checkpoint_dir is not None:
-            if not isinstance(self.checkpoint_dir, (str, Path)):
-                raise invalid("checkpoint_dir", self.checkpoint_dir, "a folder path or None", TypeError)
-            store.check_writable_folder(self.checkpoint_dir)
+    def _check_settings(self, eval_every=None) -> dict:
+        """Validated copy of the settings, the groups' options and ``fit``'s ``eval_every`` among them.
+
+        Raises before anything runs.
+        """
+        with group_errors(_SHARED_GROUP_OF):  # a bad option is named as given: sgd['momentum'], network['dtype']
+            network = resolve_group(self.network, NetworkOptions)
+            sgd = resolve_group(self.sgd, SGDOptions)
+            checkpoint = self._checkpoint_options()
+            s = {
+                "hidden_sizes": check_hidden_sizes(self.hidden_sizes),
+                "activation": check_choice("activation", self.activation, self._activations),
+                "output": check_choice("output", network["output"], self._outputs),
+                "loss": check_choice("loss", self.loss, self._losses),
+                "lr": check_learning_rate(self.lr),
+                "momentum": check_momentum(sgd["momentum"]),
+                **self._check_batch_order(sgd["shuffle"]),
+                "seed": check_int("seed", self.seed, minimum=0),
+                "dtype": check_float_dtype(network["dtype"]),
+                "negative_slope": check_float("negative_slope", network["negative_slope"], minimum=0.0),
+                "eval_every": None if eval_every is None else check_int("eval_every", eval_every),
+                "checkpoint_every": None if checkpoint["every"] is None else check_int("every", checkpoint["every"]),
+            }
+        folder = checkpoint["dir"]
+        if folder is not None:
+            if not isinstance(folder, (str, Path)):
+                raise invalid(CHECKPOINT_DIR, folder, "a folder path or None", TypeError)
+            store.check_writable_folder(folder, CHECKPOINT_DIR)
             # another run writing this folder: refuse now, before any task or file is written
-            store.RunLock(self.checkpoint_dir).check_free("checkpoint_dir")
+            store.RunLock(folder).check_free(CHECKPOINT_DIR)
         return s
 
-    def _check_batch_order(self) -> dict:
+    def _checkpoint_options(self) -> dict:
+        """The ``checkpoint`` group's ``dir`` and ``every``, as set (checked by :meth:`_check_settings`)."""
+        return resolve_group(self.checkpoint, CheckpointOptions)
+
+    @property
+    def _checkpoint_dir(self):
+        """The run folder of ``checkpoint`` (None: in memory)."""
+        return self._checkpoint_options()["dir"]
+
+    def _check_batch_order(self, shuffle) -> dict:
         """``batch_size`` and ``shuffle``: an integer and a flag (serial training also takes more)."""
-        return {"batch_size": check_int("batch_size", self.batch_size), "shuffle": bool(self.shuffle)}
+        return {"batch_size": check_int("batch_size", self.batch_size), "shuffle": bool(shuffle)}
 
     def _run_lock(self):
-        """Exclusive claim on ``checkpoint_dir`` for the length of a fit (a no-op without one)."""
-        if self.checkpoint_dir is None:
+        """Exclusive claim on the checkpoint folder for the length of a fit (a no-op without one)."""
+        if self._checkpoint_dir is None:
             return contextlib.nullcontext()
-        return store.RunLock(self.checkpoint_dir)
+        return store.RunLock(self._checkpoint_dir)
 
     def _check_data(
         self, X, y, validation_data, settings, model: MLP | None = None, *, classes=None, reset: bool = True
@@ -411,7 +453,7 @@ class BaseTrainer(BaseEstimator):
             self.__dict__.pop("classes_", None)  # an earlier fit's, with another loss
         if not reset:
             # clipped to each call's data, as MLPClassifier's partial_fit: a small first block does not stick
-            settings["batch_size"] = self._check_batch_order()["batch_size"]
+            settings["batch_size"] = self._check_batch_order(settings["shuffle"])["batch_size"]
         self._clip_batch_size(settings, data.n_samples)
         return data
 
@@ -502,7 +544,7 @@ class BaseTrainer(BaseEstimator):
         makes between ``start`` and ``stop``, plus those of ``extra_steps``
         more) of the parameters and velocity of a network of ``sizes``.
         """
-        if self.checkpoint_dir is None:
+        if self._checkpoint_dir is None:
             return
         if count is None:
             every = settings["checkpoint_every"]
@@ -512,7 +554,7 @@ class BaseTrainer(BaseEstimator):
                     count += 1 if not every else last // every - first // every + (last % every != 0)
         n_params = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
         per_checkpoint = 2 * n_params * settings["dtype"].itemsize + CHECKPOINT_OVERHEAD
-        store.check_free_space(self.checkpoint_dir, count * per_checkpoint + HISTORY_ALLOWANCE)
+        store.check_free_space(self._checkpoint_dir, count * per_checkpoint + HISTORY_ALLOWANCE, CHECKPOINT_DIR)
 
     def _check_length(self, steps, epochs, steps_per_epoch: int) -> int:
         """Steps to train: ``fit``'s ``steps`` or ``epochs`` where given (at most one), else the settings'.
@@ -655,10 +697,10 @@ class BaseTrainer(BaseEstimator):
 
     def _save_checkpoint(self, model, velocity, step, order, settings, extra=None, history=None) -> Path | None:
         """Checkpoint into ``checkpoint_dir`` (and the history so far beside it)."""
-        if self.checkpoint_dir is None:
+        if self._checkpoint_dir is None:
             return None
         if history is not None:
-            store.save_history(history, Path(self.checkpoint_dir) / "history.zarr")
+            store.save_history(history, Path(self._checkpoint_dir) / "history.zarr")
         ckpt = store.Checkpoint(
             model=model,
             velocity=velocity,
@@ -667,7 +709,7 @@ class BaseTrainer(BaseEstimator):
             training=self._training_config(settings),
             extra=extra or {},
         )
-        return store.save_checkpoint(store.checkpoint_path(self.checkpoint_dir, step), ckpt)
+        return store.save_checkpoint(store.checkpoint_path(self._checkpoint_dir, step), ckpt)
 
     def save(self, path) -> Path:
         """Write the fitted model and optimiser state as a checkpoint store."""

@@ -20,6 +20,7 @@ import click
 import numpy as np
 
 from daskann import store
+from daskann._base import constructor_arguments
 
 
 def _int_list(ctx, param, value):
@@ -460,8 +461,9 @@ def print_summary(summary: dict, as_json: bool) -> None:
 def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | None = None, extra=None) -> dict:
     """Load data, prepare ``--output``, fit, save and print a summary.
 
-    ``make_trainer(settings, dataset)`` returns an unfitted trainer built
-    from :func:`trainer_settings` plus the method's own options.
+    ``make_trainer(arguments, dataset)`` returns an unfitted trainer built
+    from ``arguments`` (:func:`trainer_settings` as constructor keywords, see
+    :func:`daskann._base.constructor_arguments`) plus the method's own options.
     """
     dataset = load_data(opts)
     settings = trainer_settings(opts, dataset)
@@ -482,10 +484,11 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
         settings["checkpoint_dir"] = output
     elif opts.get("resume"):
         raise ValueError("resume needs --output, the run folder to continue")
-    trainer = make_trainer(settings, dataset)
+    eval_every = settings.pop("eval_every")
+    trainer = make_trainer(constructor_arguments(settings), dataset)
     start = time.perf_counter()
     validation = None if dataset.X_val is None else (dataset.X_val, dataset.y_val)
-    kwargs = dict(training_length(opts), validation_data=validation, **(fit_kwargs or {}))
+    kwargs = dict(training_length(opts), validation_data=validation, eval_every=eval_every, **(fit_kwargs or {}))
     if resume is not None:
         kwargs["resume"] = resume
     trainer.fit(dataset.X_train, dataset.y_train, **kwargs)

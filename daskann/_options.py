@@ -15,13 +15,22 @@ dict or ``None`` is replaced by a new dict holding the change.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping
 
 from sklearn.base import BaseEstimator
 
 from daskann._validation import invalid
 
-__all__ = ["GroupedOptions", "OptionGroup", "group_errors", "resolve_group"]
+__all__ = [
+    "CheckpointOptions",
+    "GroupedOptions",
+    "NetworkOptions",
+    "OptionGroup",
+    "SGDOptions",
+    "group_errors",
+    "resolve_group",
+]
 
 
 class OptionGroup(BaseEstimator):
@@ -34,6 +43,8 @@ class OptionGroup(BaseEstimator):
     """
 
     group = "options"
+    #: the option a bare value other than a dict stands for (``checkpoint="runs/a"``: its folder), if any
+    shorthand: str | None = None
 
     def _store(self, arguments: dict) -> None:
         for name in self._get_param_names():
@@ -68,13 +79,26 @@ def resolve_group(value, cls: type[OptionGroup]) -> dict:
     options = cls.defaults()
     if value is None:
         return options
+    value = _expand_shorthand(value, cls)
     if isinstance(value, cls):
         return value.get_params(deep=False)
     if isinstance(value, Mapping):
         for key, item in value.items():
             cls.check_key(key, item)
         return {**options, **value}
-    raise invalid(cls.group, value, f"None, a dict of {cls.group} options or {cls.__name__}(...)", TypeError)
+    raise invalid(cls.group, value, _expected_forms(cls), TypeError)
+
+
+def _expand_shorthand(value, cls: type[OptionGroup]):
+    """``value`` as a dict of the group's shorthand option when it is such a bare value (a path), else unchanged."""
+    if cls.shorthand is not None and isinstance(value, (str, os.PathLike)):
+        return {cls.shorthand: value}
+    return value
+
+
+def _expected_forms(cls: type[OptionGroup]) -> str:
+    forms = f"None, a dict of {cls.group} options or {cls.__name__}(...)"
+    return forms if cls.shorthand is None else f"a path (its {cls.shorthand!r}), {forms}"
 
 
 @contextlib.contextmanager
@@ -111,7 +135,7 @@ class GroupedOptions:
         super().set_params(**{k: v for k, v in params.items() if k not in nested})
         for key, value in nested.items():
             name, _, option = key.partition("__")
-            cls, current = groups[name], getattr(self, name)
+            cls, current = groups[name], _expand_shorthand(getattr(self, name), groups[name])
             if isinstance(current, BaseEstimator):
                 current.set_params(**{option: value})
             elif current is None or isinstance(current, Mapping):
@@ -121,3 +145,77 @@ class GroupedOptions:
             else:
                 raise invalid(name, current, f"None, a dict or {cls.__name__}(...) to set {key}", TypeError)
         return self
+
+
+class NetworkOptions(OptionGroup):
+    """The ``network`` options of a trainer: the network's form beyond its widths and activation.
+
+    Given as ``network=NetworkOptions(...)`` or a dict of the same keywords
+    (``network={"dtype": "float32"}``), as PyTorch's layers take ``bias`` and
+    ``dtype`` and its ``LeakyReLU`` its ``negative_slope``;
+    ``trainer.set_params(network__dtype="float32")`` sets one option.
+
+    Parameters
+    ----------
+    output : {"linear", "softmax"}
+        Output activation of the last layer. ``loss="cross_entropy"`` takes the
+        softmax of the last layer's values either way, so ``predict`` and
+        ``predict_proba`` do not depend on it; it is what ``model_.forward``
+        returns.
+    negative_slope : float
+        Slope of ``activation="leaky_relu"`` below zero.
+    dtype : {"float64", "float32"}
+        Floating-point type of the weights, the data and the arithmetic.
+    """
+
+    group = "network"
+
+    def __init__(self, *, output="linear", negative_slope=0.01, dtype="float64"):
+        self._store(locals())
+
+
+class SGDOptions(OptionGroup):
+    """The ``sgd`` options of a trainer: stochastic gradient descent's momentum and batch order.
+
+    Given as ``sgd=SGDOptions(momentum=0.9)`` or ``sgd={"momentum": 0.9}``, as
+    skorch takes ``optimizer__momentum`` beside ``lr``;
+    ``trainer.set_params(sgd__momentum=0.9)`` sets one option (and is the name
+    a search's grid uses).
+
+    Parameters
+    ----------
+    momentum : float
+        Heavy-ball momentum in ``[0, 1)`` (``torch.optim.SGD``'s).
+    shuffle : bool
+        Shuffle the rows each epoch (seeded by ``seed``) or walk them in order.
+    """
+
+    group = "sgd"
+
+    def __init__(self, *, momentum=0.0, shuffle=True):
+        self._store(locals())
+
+
+class CheckpointOptions(OptionGroup):
+    """The ``checkpoint`` options of a trainer: where and how often a run is checkpointed.
+
+    Given as a folder (``checkpoint="runs/a"``), ``CheckpointOptions(...)`` or
+    a dict of the same keywords (``checkpoint={"dir": "runs/a", "every": 100}``),
+    as skorch's ``Checkpoint(dirname=...)`` and Keras's ``ModelCheckpoint``;
+    ``trainer.set_params(checkpoint__every=100)`` sets one option.
+
+    Parameters
+    ----------
+    dir : path or None
+        Run folder for checkpoints and the history; ``None`` keeps everything
+        in memory.
+    every : int or None
+        Checkpoint every this many steps (and at the end) when ``dir`` is set;
+        ``None``: at the end only.
+    """
+
+    group = "checkpoint"
+    shorthand = "dir"
+
+    def __init__(self, *, dir=None, every=None):
+        self._store(locals())

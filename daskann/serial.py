@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -13,7 +12,7 @@ from threadpoolctl import threadpool_limits
 from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._history import HistoryRecorder
-from daskann._typing import Activation, FloatDType, Loss, Output
+from daskann._typing import Activation, Loss
 from daskann._validation import check_int, invalid
 from daskann.data._batches import check_batch_order
 from daskann.nn import ACTIVATIONS, LOSSES, MLP, OUTPUTS, SGD
@@ -30,18 +29,20 @@ class SerialTrainer(BaseTrainer):
     ----------
     activation : {"relu", "leaky_relu", "sigmoid", "tanh"}
         Hidden-layer activation.
-    output : {"linear", "softmax", "sigmoid", "tanh"}
-        Output activation, part of the ``"mse"`` and ``"sse"`` losses.
     loss : {"mse", "cross_entropy", "sse"}
         ``"sse"`` is ``0.5 * sum((out - y)**2)`` over rows and outputs, the
         loss of classic backpropagation (delta ``(out - y) * f'(out)``).
     batch_size : int or None
         Rows per step; ``None`` trains on the full batch (all rows every step,
         in order).
-    shuffle : bool or "serialized"
-        ``True``: a seeded permutation per epoch; ``False``: the rows in order;
-        ``"serialized"``: step ``i`` trains on the single row ``i mod n_samples``
-        (needs ``batch_size=None``). See :class:`daskann.data.BatchOrder`.
+    network : dict or NetworkOptions, optional
+        As the other trainers', where ``output`` may also be ``"sigmoid"`` or
+        ``"tanh"`` (part of the ``"mse"`` and ``"sse"`` losses).
+    sgd : dict or SGDOptions, optional
+        As the other trainers', where ``shuffle`` may also be
+        ``"serialized"``: step ``i`` trains on the single row
+        ``i mod n_samples`` (needs ``batch_size=None``). See
+        :class:`daskann.data.BatchOrder`.
     bias : bool
         Whether the dense layers have biases.
     blas_threads : int or None
@@ -78,38 +79,44 @@ class SerialTrainer(BaseTrainer):
         hidden_sizes=(64,),
         *,
         activation: Activation = "relu",
-        output: Output = "linear",
         loss: Loss = "mse",
         lr=0.01,
-        momentum=0.0,
         batch_size=32,
         epochs=10,
         steps=None,
-        shuffle: bool | Literal["serialized"] = True,
         seed=0,
-        dtype: FloatDType = "float64",
-        negative_slope=0.01,
-        bias=True,
-        eval_every=None,
-        checkpoint_dir=None,
-        checkpoint_every=None,
         verbose=0,
+        network=None,
+        sgd=None,
+        checkpoint=None,
+        bias=True,
         blas_threads=1,
     ):
         self._store_params(locals())
 
-    def _check_settings(self) -> dict:
-        settings = super()._check_settings()
+    def _check_settings(self, eval_every=None) -> dict:
+        settings = super()._check_settings(eval_every)
         if not isinstance(self.bias, (bool, np.bool_)):
             raise invalid("bias", self.bias, "True or False", TypeError)
         settings["bias"] = bool(self.bias)
         return settings
 
-    def _check_batch_order(self) -> dict:
-        batch_size, shuffle = check_batch_order(self.batch_size, self.shuffle)
+    def _check_batch_order(self, shuffle) -> dict:
+        batch_size, shuffle = check_batch_order(self.batch_size, shuffle)
         return {"batch_size": batch_size, "shuffle": shuffle}
 
-    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, init_model: MLP | None = None, resume=None):
+    def fit(
+        self,
+        X,
+        y,
+        *,
+        steps=None,
+        epochs=None,
+        validation_data=None,
+        eval_every=None,
+        init_model: MLP | None = None,
+        resume=None,
+    ):
         """Train from the initialisation (or ``init_model``, or a checkpoint).
 
         Parameters
@@ -123,6 +130,9 @@ class SerialTrainer(BaseTrainer):
             default the trainer's ``steps`` or ``epochs``. With ``resume``
             this counts the steps already done.
         validation_data : (X_val, y_val), optional
+        eval_every : int, optional
+            Validation every this many steps (and at the end), as Keras's
+            ``validation_freq``; by default once per epoch.
         init_model : MLP, optional
             Start from these weights instead of a seeded initialisation.
         resume : path, optional
@@ -132,7 +142,7 @@ class SerialTrainer(BaseTrainer):
         -------
         self
         """
-        settings = self._check_settings()
+        settings = self._check_settings(eval_every)
         if self.blas_threads is not None:
             check_int("blas_threads", self.blas_threads)
         data = self._check_data(X, y, validation_data, settings, model=init_model)
@@ -226,7 +236,7 @@ class SerialTrainer(BaseTrainer):
                 row.update(self._evaluate(model, data.validation, settings["loss"]))
             history.append(done, **row)
             bar.update(done, loss=value)
-            if self.checkpoint_dir is not None and (done == stop or (ckpt_every and done % ckpt_every == 0)):
+            if self._checkpoint_dir is not None and (done == stop or (ckpt_every and done % ckpt_every == 0)):
                 self._save_checkpoint(
                     model, velocity, done, order, settings, history=history.to_dataset(self._history_attrs(settings))
                 )

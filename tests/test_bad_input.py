@@ -114,7 +114,7 @@ def _with_inf(a):
 def _checkpoint_dir(env) -> Path:
     """A run folder with a real checkpoint of the (6, 5, 2) network env's data implies."""
     folder = env.tmp / "run"
-    SerialTrainer((5,), batch_size=16, checkpoint_dir=folder).fit(env.X, env.y, steps=2)
+    SerialTrainer((5,), batch_size=16, checkpoint=folder).fit(env.X, env.y, steps=2)
     return folder
 
 
@@ -164,7 +164,7 @@ def _locked(folder: Path):
 def _locked_fit(make, env):
     folder = env.tmp / "busy"
     with _locked(folder):
-        _fit(make(env, checkpoint_dir=folder), env)
+        _fit(make(env, checkpoint=folder), env)
 
 
 def _full_fit(make, env, **kwargs):
@@ -182,7 +182,7 @@ def _readonly_fit(env):
     folder.mkdir()
     folder.chmod(0o500)
     try:
-        _fit(_npt(env, checkpoint_dir=folder / "run"), env)
+        _fit(_npt(env, checkpoint=folder / "run"), env)
     finally:
         folder.chmod(0o700)
 
@@ -345,11 +345,23 @@ CASES: list[Case] = [
     ),
     # common settings
     Case("settings-lr-nan", "serial", lambda e: _fit(SerialTrainer((5,), lr=float("nan")), e), ValueError, r"lr="),
-    Case("settings-momentum-1", "npt", lambda e: _fit(_npt(e, momentum=1.0), e), ValueError, r"momentum="),
+    Case(
+        "settings-momentum-1",
+        "npt",
+        lambda e: _fit(_npt(e, sgd={"momentum": 1.0}), e),
+        ValueError,
+        r"sgd\['momentum'\]=",
+    ),
     Case("settings-batch-0", "partition", lambda e: _fit(_partition(e, batch_size=0), e), ValueError, r"batch_size="),
     Case("settings-epochs-0", "mgrit", lambda e: _fit(_mgrit(e, epochs=0), e, steps=None), ValueError, r"epochs="),
     Case("settings-steps-float", "npt", lambda e: _fit(_npt(e, steps=2.5), e, steps=None), TypeError, r"steps="),
-    Case("settings-dtype-f16", "mgrit", lambda e: _fit(_mgrit(e, dtype="float16"), e), TypeError, r"dtype="),
+    Case(
+        "settings-dtype-f16",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, network={"dtype": "float16"}), e),
+        TypeError,
+        r"network\['dtype'\]=",
+    ),
     Case("settings-steps-0", "npt", lambda e: _fit(_npt(e), e, steps=0), ValueError, r"steps="),
     # NPT: grids and modes
     Case(
@@ -565,23 +577,33 @@ CASES: list[Case] = [
         store.StoreError,
         r"resume=.*partition",
     ),
-    Case("store-busy-npt", "store", lambda e: _locked_fit(_npt, e), store.StoreError, r"checkpoint_dir=.*another run"),
+    Case(
+        "store-busy-npt",
+        "store",
+        lambda e: _locked_fit(_npt, e),
+        store.StoreError,
+        r"checkpoint\['dir'\]=.*another run",
+    ),
     Case(
         "store-busy-partition",
         "store",
         lambda e: _locked_fit(_partition, e),
         store.StoreError,
-        r"checkpoint_dir=.*another run",
+        r"checkpoint\['dir'\]=.*another run",
     ),
     Case(
-        "store-busy-mgrit", "store", lambda e: _locked_fit(_mgrit, e), store.StoreError, r"checkpoint_dir=.*another run"
+        "store-busy-mgrit",
+        "store",
+        lambda e: _locked_fit(_mgrit, e),
+        store.StoreError,
+        r"checkpoint\['dir'\]=.*another run",
     ),
     Case(
         "output-full-npt",
         "store",
-        lambda e: _full_fit(_npt, e, checkpoint_dir=e.tmp / "full", checkpoint_every=1),
+        lambda e: _full_fit(_npt, e, checkpoint={"dir": e.tmp / "full", "every": 1}),
         store.DiskFullError,
-        r"checkpoint_dir=.*1000 bytes free",
+        r"checkpoint\['dir'\]=.*1000 bytes free",
     ),
     Case(
         "output-full-mgrit-store",
@@ -595,23 +617,23 @@ CASES: list[Case] = [
         "store",
         _readonly_fit,
         ValueError,
-        r"checkpoint_dir=.*not writable",
+        r"checkpoint\['dir'\]=.*not writable",
         skip=lambda: "chmod does not bind root" if IS_ROOT else None,
     ),
     Case(
         "output-read-only-filesystem",
         "store",
-        lambda e: _fit(_partition(e, checkpoint_dir="/proc/sys/daskann-run"), e),
+        lambda e: _fit(_partition(e, checkpoint="/proc/sys/daskann-run"), e),
         ValueError,
-        r"checkpoint_dir=.*not writable",
+        r"checkpoint\['dir'\]=.*not writable",
         skip=_readonly_filesystem,
     ),
     Case(
         "output-is-a-file",
         "store",
-        lambda e: (e.tmp.joinpath("f").write_text("x"), _fit(_mgrit(e, checkpoint_dir=e.tmp / "f" / "run"), e)),
+        lambda e: (e.tmp.joinpath("f").write_text("x"), _fit(_mgrit(e, checkpoint=e.tmp / "f" / "run"), e)),
         ValueError,
-        r"checkpoint_dir=",
+        r"checkpoint\['dir'\]=",
     ),
     # cluster: unreachable scheduler, plain-text remote address, worker memory
     Case("cluster-unreachable", "cluster", _unreachable, ConnectionError, r"address='tcp://127.0.0.1:1'"),

@@ -272,7 +272,7 @@ def test_cli_trains_from_a_zarr_group(tmp_path, client2):
 def test_mgrit_serial_fallback_reads_dask_data_on_a_worker(client2):
     # a diverging preset ends in the serial finish, which steps through the data on a worker
     X, y = make_linear(256, 8, 2, seed=0)
-    settings = dict(activation="leaky_relu", loss="mse", batch_size=16, lr=0.01, momentum=0.9, seed=0)
+    settings = dict(activation="leaky_relu", loss="mse", batch_size=16, lr=0.01, seed=0, sgd={"momentum": 0.9})
     settings.update(preset="solver1", client=client2)
     with pytest.warns(MGRITDidNotPay):
         expected = MGRITTrainer((16, 16), **settings).fit(X, y, steps=256)
@@ -287,7 +287,7 @@ def test_mgrit_serial_fallback_reads_dask_data_on_a_worker(client2):
 def test_mgrit_without_momentum_takes_the_last_gradient_on_a_worker(problem, client2):
     # without momentum the solve's state holds no velocity: the last step's gradient is taken where the data is
     X, y, _ = problem
-    settings = dict(batch_size=16, lr=0.01, momentum=0.0, seed=0)
+    settings = dict(batch_size=16, lr=0.01, seed=0, sgd={"momentum": 0.0})
     serial = SerialTrainer((8,), **settings).fit(X, y, steps=32)
     settings.update(solver={"levels": 2, "cfactor": 4}, client=client2)
     expected = MGRITTrainer((8,), **settings).fit(X, y, steps=32)
@@ -395,7 +395,7 @@ def test_integer_dask_x_is_converted_as_numpy_x_is(client4):
     X = rng.integers(-3, 4, size=(96, 6))
     y = (X[:, 0] > 0).astype(np.int64)
     dX, dy = da.from_array(X, chunks=(24, 6)), da.from_array(y, chunks=24)
-    settings = dict(loss="cross_entropy", output="softmax", lr=0.1, batch_size=16, steps=6)
+    settings = dict(loss="cross_entropy", lr=0.1, batch_size=16, steps=6, network={"output": "softmax"})
     on_dask = NPTTrainer((8,), grid="1x2", mode="graph", client=client4, **settings).fit(dX, dy)
     on_numpy = SerialTrainer((8,), **settings).fit(X, y)
     for a, b in zip(on_dask.model_.params, on_numpy.model_.params, strict=True):

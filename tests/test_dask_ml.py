@@ -21,7 +21,7 @@ from sklearn.datasets import make_classification
 
 from daskann import SerialTrainer
 
-SETTINGS = dict(loss="cross_entropy", output="softmax", lr=0.1, momentum=0.5, batch_size=32)
+SETTINGS = dict(loss="cross_entropy", lr=0.1, batch_size=32, network={"output": "softmax"}, sgd={"momentum": 0.5})
 
 
 @pytest.fixture(scope="module")

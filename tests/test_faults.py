@@ -271,7 +271,7 @@ def _report_equal(name, state, ref, **figures):
 
 
 # -- NPT, graph mode -----------------------------------------------------------------------------------
-NPT_KW = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3, grid="2x2", engine={"timeout": 60.0})
+NPT_KW = dict(lr=0.05, batch_size=20, seed=3, grid="2x2", engine={"timeout": 60.0}, sgd={"momentum": 0.9})
 NPT_GRAPH_STEPS = 30
 
 
@@ -294,7 +294,7 @@ def test_npt_graph_chaos_is_bit_identical(fclient, regression, npt_graph_referen
     X, y = regression
     ref, _ = npt_graph_reference
     # checkpoints renew the replay budget (2 replays from the same state), so 3 kills are survived
-    trainer = _npt(fclient, "graph", checkpoint_dir=tmp_path, checkpoint_every=3)
+    trainer = _npt(fclient, "graph", checkpoint={"dir": tmp_path, "every": 3})
     seen = set()
 
     def new_checkpoint():  # at most one kill per checkpoint interval: each replay can make progress
@@ -371,7 +371,7 @@ def test_npt_cell_worker_exit_recovers_from_checkpoint(
 ):
     X, y = regression
     ref, _ = request.getfixturevalue(f"npt_{mode}_reference")
-    trainer = _npt(fclient, mode, checkpoint_dir=tmp_path, checkpoint_every=every)
+    trainer = _npt(fclient, mode, checkpoint={"dir": tmp_path, "every": every})
 
     def exit_cell():
         victim = trainer.grid_.owner(1, 0)
@@ -400,11 +400,11 @@ def test_npt_cell_worker_exit_recovers_from_checkpoint(
 # -- MGRIT ---------------------------------------------------------------------------------------------
 MGRIT_KW = dict(
     lr=1e-4,
-    momentum=0.9,
     batch_size=16,
     seed=0,
     solver={"levels": 3, "cfactor": 4, "tol": 1e-9, "max_iter": 30},
     engine={"intervals_per_task": 16, "timeout": 120.0},
+    sgd={"momentum": 0.9},
 )
 MGRIT_STEPS = 256
 
@@ -605,12 +605,12 @@ def test_mgrit_all_workers_killed_at_once_rescatters_and_is_bit_identical(
 # -- partitioned training ------------------------------------------------------------------------------
 PART_KW = dict(
     lr=0.05,
-    momentum=0.9,
     batch_size=20,
     seed=3,
     k=2,
     merge={"noise": 0.02},
     split={"sub_steps": 3000, "retries": 2, "timeout": 240.0},
+    sgd={"momentum": 0.9},
 )
 PART_STEPS = 20
 
@@ -642,7 +642,7 @@ def _resumed_from(trainer):
 def test_partition_chaos_is_bit_identical(fclient, regression, partition_reference, tmp_path):
     X, y = regression
     ref, _ = partition_reference
-    trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
+    trainer = _partition(fclient, checkpoint={"dir": tmp_path, "every": 500})
 
     def checkpointed():
         return bool(_checkpoint_paths(tmp_path))
@@ -666,7 +666,7 @@ def test_partition_chaos_is_bit_identical(fclient, regression, partition_referen
 def test_partition_submodel_worker_exit_resumes_from_its_checkpoint(fclient, regression, partition_reference, tmp_path):
     X, y = regression
     ref, _ = partition_reference
-    trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
+    trainer = _partition(fclient, checkpoint={"dir": tmp_path, "every": 500})
     sub1 = tmp_path / "partition" / "submodel-1"
 
     def exit_submodel_worker():
@@ -702,7 +702,7 @@ def test_partition_all_workers_killed_at_once_resume_from_checkpoints(
     """Every copy of the broadcast training data dies with the workers during the sub-model phase."""
     X, y = regression
     ref, _ = partition_reference
-    trainer = _partition(fclient, checkpoint_dir=tmp_path, checkpoint_every=500)
+    trainer = _partition(fclient, checkpoint={"dir": tmp_path, "every": 500})
     subs = [tmp_path / "partition" / f"submodel-{g}" for g in range(2)]
     kills, seconds = _kill_all_workers_during(
         fclient,
@@ -744,7 +744,8 @@ CLI = {
         hidden=8,
         steps=MGRIT_STEPS,
         coarsening=MGRIT_KW["solver"]["cfactor"],
-        **{k: MGRIT_KW[k] for k in ("lr", "momentum", "batch_size")},
+        **{k: MGRIT_KW[k] for k in ("lr", "batch_size")},
+        momentum=MGRIT_KW["sgd"]["momentum"],
         **{k: MGRIT_KW["solver"][k] for k in ("levels", "tol", "max_iter")},
         intervals_per_task=MGRIT_KW["engine"]["intervals_per_task"],
     ),

@@ -134,7 +134,7 @@ MODES = ["graph"] + (["resident"] if resident_available() else [])
 @pytest.mark.parametrize("grid,share", GRIDS[1:])
 def test_npt_weights_are_born_on_the_grid_not_scattered(client4, monkeypatch, mode, grid, share):
     X, y = make_linear(60, 40, 3, noise=0.1, seed=1)
-    kwargs = dict(lr=0.05, momentum=0.9, batch_size=12, seed=6)
+    kwargs = dict(lr=0.05, batch_size=12, seed=6, sgd={"momentum": 0.9})
     sent = _scatters(monkeypatch, client4)
     npt = NPTTrainer((150,), grid=grid, mode=mode, engine={"share_workers": share}, client=client4, **kwargs).fit(
         X, y, steps=3

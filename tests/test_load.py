@@ -104,9 +104,9 @@ def _npt_2x2(c):
         engine={"pipeline": "fused", "share_workers": True},
         batch_size=16,
         lr=0.05,
-        momentum=0.5,
         seed=1,
         client=c,
+        sgd={"momentum": 0.5},
     )
 
 
@@ -124,7 +124,7 @@ def _npt_1x2(c):
 
 
 def _partition(c):
-    return PartitionTrainer((6,), k=2, batch_size=16, lr=0.05, momentum=0.5, seed=3, client=c)
+    return PartitionTrainer((6,), k=2, batch_size=16, lr=0.05, seed=3, client=c, sgd={"momentum": 0.5})
 
 
 def _mgrit(c):

@@ -175,7 +175,9 @@ def _problem(n_samples=256, momentum=0.0, lr=1e-3, hidden=(16, 16), batch_size=1
 
 
 def _serial(X, y, steps, *, lr, momentum, hidden=(16, 16), batch_size=16):
-    return SerialTrainer(hidden, lr=lr, momentum=momentum, batch_size=batch_size, seed=0).fit(X, y, steps=steps)
+    return SerialTrainer(hidden, lr=lr, batch_size=batch_size, seed=0, sgd={"momentum": momentum}).fit(
+        X, y, steps=steps
+    )
 
 
 def test_fine_propagator_is_the_serial_step():
@@ -275,10 +277,10 @@ def test_converged_training_equals_serial_on_every_scheduler(momentum, train_dat
     ref = _flat(serial.model_.params + serial.velocity_)
     common = dict(
         lr=lr,
-        momentum=momentum,
         batch_size=16,
         seed=0,
         solver={"levels": 3, "cfactor": 4, "tol": 1e-9, "max_iter": 30},
+        sgd={"momentum": momentum},
     )
     runs = {}
     schedulers = [
@@ -336,11 +338,11 @@ def test_relative_stopping_preset_still_equals_serial(momentum, train_data):
     ref = _flat(serial.model_.params + serial.velocity_)
     common = dict(
         lr=lr,
-        momentum=momentum,
         batch_size=16,
         seed=0,
         solver={"levels": 3, "cfactor": 4, "max_iter": 30},
         engine={"scheduler": "inprocess"},
+        sgd={"momentum": momentum},
     )
     assert resolve_preset("solver4") == resolve_preset("solver2", rtol=1e-9)
     relative = MGRITTrainer((8,), preset="solver4", **common).fit(X, y, steps=512)
@@ -364,12 +366,12 @@ def test_unstable_configuration_is_an_error_not_a_result(train_data):
     trainer = MGRITTrainer(
         (8,),
         lr=0.01,
-        momentum=0.9,
         batch_size=16,
         preset="solver1",
         # the strict solver; the adaptive default is tests/test_mgrit_adaptive.py
         solver={"levels": 3, "cfactor": 4, "max_iter": 20, "require_convergence": True},
         engine={"scheduler": "inprocess"},
+        sgd={"momentum": 0.9},
     )
     with pytest.raises(MGRITDiverged) as info:
         trainer.fit(X, y, steps=512)
@@ -381,11 +383,11 @@ def test_unstable_configuration_is_an_error_not_a_result(train_data):
     capped = MGRITTrainer(
         (8,),
         lr=0.01,
-        momentum=0.9,
         batch_size=16,
         preset="solver2",
         solver={"levels": 3, "cfactor": 4, "max_iter": 8, "require_convergence": True},
         engine={"scheduler": "inprocess"},
+        sgd={"momentum": 0.9},
     )
     with pytest.raises((MGRITDiverged, MGRITNotConverged)):
         capped.fit(X, y, steps=512)

@@ -34,7 +34,7 @@ def _fit(trainer, X, y, steps):
 def mlp_case():
     """8-16-16-2 leaky-ReLU MLP, MSE, batch 16, lr 0.01, momentum 0.9, 256 steps (issue 11)."""
     X, y = make_linear(256, 8, 2, seed=0)
-    settings = dict(activation="leaky_relu", loss="mse", batch_size=16, lr=0.01, momentum=0.9, seed=0)
+    settings = dict(activation="leaky_relu", loss="mse", batch_size=16, lr=0.01, seed=0, sgd={"momentum": 0.9})
     serial = SerialTrainer((16, 16), **settings).fit(X, y, steps=256)
     return X, y, settings, serial
 
@@ -85,7 +85,7 @@ def test_strict_mode_keeps_raising(mlp_case):
 def test_stalled_solve_adapts_then_finishes_serially():
     # digits, cross-entropy, lr 0.05, momentum 0.9: the residual stays flat (issue 11's CLI case, shortened)
     d = load_dataset("digits")
-    settings = dict(loss="cross_entropy", batch_size=64, lr=0.05, momentum=0.9, seed=0)
+    settings = dict(loss="cross_entropy", batch_size=64, lr=0.05, seed=0, sgd={"momentum": 0.9})
     serial = SerialTrainer((16,), **settings).fit(d.X_train, d.y_train, steps=256)
     trainer = MGRITTrainer((16,), engine={"scheduler": "inprocess"}, **settings)
     caught = _fit(trainer, d.X_train, d.y_train, 256)
@@ -100,7 +100,7 @@ def test_stalled_solve_adapts_then_finishes_serially():
 @pytest.mark.slow
 def test_cli_case_of_the_issue_returns_serial_weights():
     d = load_dataset("digits")
-    settings = dict(loss=d.loss, batch_size=64, lr=0.05, momentum=0.9, seed=0)
+    settings = dict(loss=d.loss, batch_size=64, lr=0.05, seed=0, sgd={"momentum": 0.9})
     serial = SerialTrainer((64,), **settings).fit(d.X_train, d.y_train, steps=512)
     trainer = MGRITTrainer((64,), engine={"scheduler": "inprocess"}, **settings)
     _fit(trainer, d.X_train, d.y_train, 512)
@@ -114,7 +114,7 @@ def _nan_coarse(state, start, stop, level):
 @pytest.mark.parametrize("momentum", [0.5, 0.0])
 def test_coarse_propagator_returning_nan_is_handled(momentum):
     X, y = make_linear(128, 4, 1, seed=1)
-    settings = dict(batch_size=16, lr=0.01, momentum=momentum, seed=1)
+    settings = dict(batch_size=16, lr=0.01, seed=1, sgd={"momentum": momentum})
     serial = SerialTrainer((8,), **settings).fit(X, y, steps=64)
     trainer = MGRITTrainer(
         (8,), solver={"levels": 3, "cfactor": 4, "coarse": _nan_coarse}, engine={"scheduler": "inprocess"}, **settings
@@ -150,9 +150,9 @@ def test_unstable_serial_training_still_raises():
         (8,),
         batch_size=16,
         lr=50.0,
-        momentum=0.9,
         solver={"levels": 2, "cfactor": 4},
         engine={"scheduler": "inprocess"},
+        sgd={"momentum": 0.9},
     )
     with pytest.raises(TrainingDiverged):
         with warnings.catch_warnings():
@@ -160,7 +160,7 @@ def test_unstable_serial_training_still_raises():
             trainer.fit(X, y, steps=64)
     assert not hasattr(trainer, "model_")
     with pytest.raises(TrainingDiverged):
-        SerialTrainer((8,), batch_size=16, lr=50.0, momentum=0.9).fit(X, y, steps=64)
+        SerialTrainer((8,), batch_size=16, lr=50.0, sgd={"momentum": 0.9}).fit(X, y, steps=64)
 
 
 def test_grid_bench_rows_and_table():

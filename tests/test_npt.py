@@ -184,10 +184,10 @@ def test_graph_mode_equals_serial(client4, regression, classification, grid, sha
         share_workers=share,
         loss=loss,
         activation=activation,
-        output=output,
+        network={"output": output},
         pipeline=pipeline,
         lr=0.05,
-        momentum=0.9,
+        sgd={"momentum": 0.9},
         batch_size=20,
         seed=3,
     )
@@ -213,9 +213,9 @@ def test_resident_mode_equals_serial(
         share_workers=share,
         loss=loss,
         activation=activation,
-        output=output,
+        network={"output": output},
         lr=0.05,
-        momentum=0.9,
+        sgd={"momentum": 0.9},
         batch_size=20,
         seed=3,
     )
@@ -248,17 +248,17 @@ def test_block_products_run_on_their_owners_and_no_worker_holds_a_whole_weight_m
 
     X, y = classification
     hidden = (12,)
-    kwargs = dict(loss="cross_entropy", lr=0.1, momentum=0.5, batch_size=16, seed=5, eval_every=2)
+    kwargs = dict(loss="cross_entropy", lr=0.1, batch_size=16, seed=5, sgd={"momentum": 0.5})
     plugin = BlockShapes()
     client4.register_plugin(plugin)
     try:
         trainer = NPTTrainer(hidden, grid="2x2", mode="graph", engine={"pipeline": "double"}, client=client4, **kwargs)
         with get_task_stream(client4) as stream:
-            trainer.fit(X, y, steps=4, validation_data=(X[:50], y[:50]))
+            trainer.fit(X, y, steps=4, validation_data=(X[:50], y[:50]), eval_every=2)
         shapes = client4.run(lambda dask_worker: dask_worker.plugins[BlockShapes.name].shapes)
     finally:
         client4.unregister_worker_plugin(BlockShapes.name)
-    serial = SerialTrainer(hidden, **kwargs).fit(X, y, steps=4, validation_data=(X[:50], y[:50]))
+    serial = SerialTrainer(hidden, **kwargs).fit(X, y, steps=4, validation_data=(X[:50], y[:50]), eval_every=2)
     assert _max_error(trainer, serial) < TOL
     for name in ("val_loss", "val_accuracy"):
         got, want = trainer.history_[name].values, serial.history_[name].values
@@ -332,9 +332,9 @@ def test_multithreaded_workers_refused_when_deterministic(regression):
 # -- checkpoints, divergence, lost workers --------------------------------------------------------
 def test_checkpoint_loads_into_serial_trainer_and_onto_another_grid(client4, regression, tmp_path):
     X, y = regression
-    kwargs = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3)
+    kwargs = dict(lr=0.05, batch_size=20, seed=3, sgd={"momentum": 0.9})
     npt = NPTTrainer(
-        (10,), grid="2x2", mode="graph", client=client4, checkpoint_dir=tmp_path / "run", checkpoint_every=3, **kwargs
+        (10,), grid="2x2", mode="graph", client=client4, **kwargs, checkpoint={"dir": tmp_path / "run", "every": 3}
     ).fit(X, y, steps=6)
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
         "step-00000003.zarr",
@@ -355,7 +355,7 @@ def test_checkpoint_loads_into_serial_trainer_and_onto_another_grid(client4, reg
 
 def test_divergence_stops_where_serial_does(client4, regression):
     X, y = regression
-    kwargs = dict(lr=3.0, momentum=0.9, batch_size=20, seed=0)
+    kwargs = dict(lr=3.0, batch_size=20, seed=0, sgd={"momentum": 0.9})
     with pytest.raises(TrainingDiverged) as want:
         SerialTrainer((10,), **kwargs).fit(X, y, steps=40)
     serial = SerialTrainer((10,), **kwargs)
@@ -372,7 +372,7 @@ def test_divergence_stops_where_serial_does(client4, regression):
 
 def test_graph_mode_replays_after_a_worker_dies(client4, regression):
     X, y = regression
-    kwargs = dict(lr=0.05, momentum=0.9, batch_size=20, seed=3)
+    kwargs = dict(lr=0.05, batch_size=20, seed=3, sgd={"momentum": 0.9})
     trainer = NPTTrainer((10,), grid="2x2", mode="graph", client=client4, engine={"timeout": 60.0}, **kwargs)
     victim = worker_addresses(client4)[1]
     errors = []

@@ -75,7 +75,15 @@ def _run_and_compare(client, grid, X, y, hidden, steps=30, **kwargs):
 def test_2x2_equals_serial(client4, regression, classification, loss, activation, output):
     X, y = regression if loss == "mse" else classification
     grid = ProcessGrid.from_client(client4, "2x2")
-    kwargs = dict(loss=loss, activation=activation, output=output, lr=0.05, momentum=0.9, batch_size=16, seed=3)
+    kwargs = dict(
+        loss=loss,
+        activation=activation,
+        lr=0.05,
+        batch_size=16,
+        seed=3,
+        network={"output": output},
+        sgd={"momentum": 0.9},
+    )
     result, run_id = _run_and_compare(client4, grid, X, y, (12, 9), **kwargs)
     rows = result.rows
     assert all(r["bytes_moved"] > 0 and r["compute_time"] > 0 and r["comm_time"] >= 0 for r in rows)
@@ -89,7 +97,15 @@ def test_1x1_steps_exactly_as_serial(client4, regression, classification, loss, 
     """One cell steps with the numeric core itself: weights, velocities and losses are serial's, bit for bit."""
     X, y = regression if loss == "mse" else classification
     grid = ProcessGrid.from_client(client4, "1x1")
-    kwargs = dict(loss=loss, activation=activation, output=output, lr=0.05, momentum=0.9, batch_size=16, seed=3)
+    kwargs = dict(
+        loss=loss,
+        activation=activation,
+        lr=0.05,
+        batch_size=16,
+        seed=3,
+        network={"output": output},
+        sgd={"momentum": 0.9},
+    )
     serial = SerialTrainer((12, 9), **kwargs).fit(X, y, steps=30)
     result = train_resident(
         client4,
@@ -112,7 +128,7 @@ def test_1x1_steps_exactly_as_serial(client4, regression, classification, loss, 
 
 def test_eval_snapshots_are_the_models_of_those_steps(client4, regression):
     X, y = regression
-    kwargs = dict(lr=0.05, momentum=0.5, batch_size=16, seed=4)
+    kwargs = dict(lr=0.05, batch_size=16, seed=4, sgd={"momentum": 0.5})
     grid = ProcessGrid.from_client(client4, "2x2")
     result = train_resident(
         client4,
@@ -131,7 +147,7 @@ def test_eval_snapshots_are_the_models_of_those_steps(client4, regression):
 
 def test_continues_from_a_later_step(client4, regression):
     X, y = regression
-    kwargs = dict(lr=0.05, momentum=0.9, batch_size=16, seed=5)
+    kwargs = dict(lr=0.05, batch_size=16, seed=5, sgd={"momentum": 0.9})
     first = SerialTrainer((8,), **kwargs).fit(X, y, steps=6)
     full = SerialTrainer((8,), **kwargs).fit(X, y, steps=12)
     setup = _setup(X, y, (8,), **kwargs)
@@ -144,7 +160,7 @@ def test_continues_from_a_later_step(client4, regression):
 
 def test_float32_keeps_its_dtype_and_follows_serial(client4, regression):
     X, y = regression
-    kwargs = dict(lr=0.05, momentum=0.9, batch_size=16, seed=9, dtype="float32")
+    kwargs = dict(lr=0.05, batch_size=16, seed=9, network={"dtype": "float32"}, sgd={"momentum": 0.9})
     serial = SerialTrainer((10,), **kwargs).fit(X, y, steps=10)
     grid = ProcessGrid.from_client(client4, "2x2")
     result = train_resident(client4, grid, **_setup(X, y, (10,), **kwargs), start=0, stop=10, run_id="daskann-npt-f32")
@@ -159,7 +175,7 @@ def test_3x3_uneven_blocks_on_shared_workers(client4, classification):
     y = (y > 0).astype(np.int64)
     grid = ProcessGrid.from_client(client4, "3x3", share_workers=True)
     assert len(set(grid.workers)) == 4
-    kwargs = dict(loss="cross_entropy", lr=0.1, momentum=0.9, batch_size=16, seed=6)
+    kwargs = dict(loss="cross_entropy", lr=0.1, batch_size=16, seed=6, sgd={"momentum": 0.9})
     _run_and_compare(client4, grid, X, y, (10, 8), **kwargs)
 
 
@@ -167,7 +183,7 @@ def test_3x3_uneven_blocks_on_shared_workers(client4, classification):
 def test_rectangular_grids(client4, regression, classification, shape, loss):
     X, y = regression if loss == "mse" else classification
     grid = ProcessGrid.from_client(client4, shape, share_workers=True)
-    kwargs = dict(loss=loss, activation="leaky_relu", lr=0.05, momentum=0.9, batch_size=20, seed=7)
+    kwargs = dict(loss=loss, activation="leaky_relu", lr=0.05, batch_size=20, seed=7, sgd={"momentum": 0.9})
     _run_and_compare(client4, grid, X, y, (10, 6), **kwargs)
 
 
@@ -285,7 +301,7 @@ def test_killed_worker_fails_fast_and_clearly(client4, regression):
 @pytest.mark.parametrize("shape", ["2x2", "1x1"])
 def test_divergence_stops_with_the_last_finite_state(client4, regression, shape):
     X, y = regression
-    kwargs = dict(lr=1e5, momentum=0.9, batch_size=16, seed=3)
+    kwargs = dict(lr=1e5, batch_size=16, seed=3, sgd={"momentum": 0.9})
     serial = SerialTrainer((12, 9), **kwargs)
     with pytest.raises(TrainingDiverged) as info:
         serial.fit(X, y, steps=30)

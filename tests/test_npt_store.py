@@ -41,7 +41,7 @@ def regression():
     return make_linear(96, 8, 4, noise=0.1, seed=4)
 
 
-KWARGS = dict(lr=0.05, momentum=0.9, batch_size=16, seed=3)
+KWARGS = dict(lr=0.05, batch_size=16, seed=3, sgd={"momentum": 0.9})
 
 
 def test_cells_write_their_blocks_and_any_grid_resumes(client4, regression, tmp_path):
@@ -49,7 +49,7 @@ def test_cells_write_their_blocks_and_any_grid_resumes(client4, regression, tmp_
     run = tmp_path / "run"
     with scheduler_watch(client4) as watch:
         npt = NPTTrainer(
-            (12,), grid="2x2", mode="graph", client=client4, checkpoint_dir=run, checkpoint_every=2, **KWARGS
+            (12,), grid="2x2", mode="graph", client=client4, **KWARGS, checkpoint={"dir": run, "every": 2}
         ).fit(X, y, steps=4)
     # each block was written by a task pinned to its cell; the client committed the manifest
     saves = [k for k in watch.keys if "-save4-" in k]
@@ -81,7 +81,7 @@ def test_cells_write_their_blocks_and_any_grid_resumes(client4, regression, tmp_
 def test_a_damaged_block_fails_where_it_is_read(client4, regression, tmp_path):
     X, y = regression
     run = tmp_path / "run"
-    NPTTrainer((12,), grid="2x2", mode="graph", client=client4, checkpoint_dir=run, **KWARGS).fit(X, y, steps=2)
+    NPTTrainer((12,), grid="2x2", mode="graph", client=client4, **KWARGS, checkpoint=run).fit(X, y, steps=2)
     store = checkpoint_path(run, 2)
     z = zarr.open_array(str(store / "weights" / "1"), mode="r+")
     z[0, 0] = z[0, 0] + 1.0  # a plausible value, rewritten through zarr: only the manifest can tell
@@ -95,7 +95,7 @@ def test_predict_runs_on_the_grid_until_the_model_is_touched(client4):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((64, 6))
     y = (X[:, 0] - X[:, 1] > 0).astype(np.int64) + (X[:, 2] > 0.5)
-    kwargs = dict(loss="cross_entropy", output="softmax", lr=0.1, batch_size=16, seed=1)
+    kwargs = dict(loss="cross_entropy", lr=0.1, batch_size=16, seed=1, network={"output": "softmax"})
     npt = NPTTrainer((10,), grid="2x2", mode="graph", client=client4, **kwargs).fit(X, y, steps=5)
     serial = SerialTrainer((10,), **kwargs).fit(X, y, steps=5)
     np.testing.assert_allclose(npt.predict_proba(X), serial.predict_proba(X), rtol=1e-10)
@@ -108,7 +108,7 @@ def test_predict_runs_on_the_grid_until_the_model_is_touched(client4):
 def test_resume_store_of_another_net_fails_before_any_task(client4, regression, tmp_path):
     X, y = regression
     run = tmp_path / "run"
-    NPTTrainer((12,), grid="2x2", mode="graph", client=client4, checkpoint_dir=run, **KWARGS).fit(X, y, steps=2)
+    NPTTrainer((12,), grid="2x2", mode="graph", client=client4, **KWARGS, checkpoint=run).fit(X, y, steps=2)
     with no_tasks_submitted(client4):
         with pytest.raises(StoreError, match=r"resume=.*does not match.*: sizes \[8, 12, 4\] != \[8, 9, 4\]"):
             NPTTrainer((9,), grid="2x2", mode="graph", client=client4, **KWARGS).fit(X, y, steps=4, resume=run)
@@ -126,7 +126,7 @@ def test_blocks_too_big_for_a_worker_fail_before_any_task(client4, regression):
 def test_weights_gone_non_finite_keep_the_state_the_client_let_go(client4, regression):
     """The client holds no state a submitted step reads: the last finite one is trained again."""
     X, y = regression
-    kwargs = dict(lr=1e306, momentum=0.9, batch_size=20, seed=0)  # the first update overflows
+    kwargs = dict(lr=1e306, batch_size=20, seed=0, sgd={"momentum": 0.9})  # the first update overflows
     with pytest.raises(TrainingDiverged, match="the weights") as want:
         SerialTrainer((10,), **kwargs).fit(X * 100, y, steps=4)
     serial = SerialTrainer((10,), **kwargs)
@@ -165,11 +165,11 @@ def _traced_fit_and_resume(hidden, X, y, folder, **kwargs):
     gc.collect()
     tracemalloc.start()
     try:
-        first = NPTTrainer(hidden, checkpoint_dir=folder, **kwargs).fit(X, y, steps=3)
+        first = NPTTrainer(hidden, **kwargs, checkpoint=folder).fit(X, y, steps=3)
         del first  # its final state, on the grid, is released: wait until the workers dropped it
         gc.collect()
         _wait_for_workers_below(kwargs["client"], 2**20)
-        resumed = NPTTrainer(hidden, checkpoint_dir=folder, **kwargs).fit(X, y, steps=4, resume=folder)
+        resumed = NPTTrainer(hidden, **kwargs, checkpoint=folder).fit(X, y, steps=4, resume=folder)
         return tracemalloc.get_traced_memory()[1], resumed
     finally:
         tracemalloc.stop()
@@ -187,7 +187,9 @@ def test_client_holds_no_block_of_a_net_eight_times_its_cap(client4, tmp_path):
     state_bytes = 2 * 8 * sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     block_bytes = 8 * (2048 // 2) * (2048 // 2)
     assert state_bytes >= 8 * cap and block_bytes >= cap
-    kwargs = dict(lr=0.01, momentum=0.9, batch_size=16, seed=2, grid="2x2", mode="graph", engine={"pipeline": "fused"})
+    kwargs = dict(
+        lr=0.01, batch_size=16, seed=2, grid="2x2", mode="graph", engine={"pipeline": "fused"}, sgd={"momentum": 0.9}
+    )
     kwargs["client"] = client4
     tiny_peak, _ = _traced_fit_and_resume((8, 8), X, y, tmp_path / "tiny", **kwargs)
     client4.register_plugin(ManagedPeak())
@@ -219,7 +221,7 @@ def test_resident_cells_write_their_blocks_and_any_grid_or_mode_resumes(client4,
     run = tmp_path / "run"
     with scheduler_watch(client4) as watch:
         npt = NPTTrainer(
-            (12,), grid="2x2", mode="resident", client=client4, checkpoint_dir=run, checkpoint_every=2, **KWARGS
+            (12,), grid="2x2", mode="resident", client=client4, **KWARGS, checkpoint={"dir": run, "every": 2}
         ).fit(X, y, steps=4)
     # one task per worker wrote that worker's blocks; the client committed the manifest
     assert len([k for k in watch.keys if "-save-" in k]) == 2 * 4
@@ -254,7 +256,7 @@ def test_resident_cells_write_their_blocks_and_any_grid_or_mode_resumes(client4,
 def test_a_graph_checkpoint_resumes_in_resident_mode(client4, regression, tmp_path):
     X, y = regression
     run = tmp_path / "run"
-    NPTTrainer((12,), grid="2x2", mode="graph", client=client4, checkpoint_dir=run, **KWARGS).fit(X, y, steps=3)
+    NPTTrainer((12,), grid="2x2", mode="graph", client=client4, **KWARGS, checkpoint=run).fit(X, y, steps=3)
     resumed = NPTTrainer((12,), grid="2x3", mode="resident", engine={"share_workers": True}, client=client4, **KWARGS)
     resumed.fit(X, y, steps=6, resume=run)
     assert resumed.__dict__.get("_model") is None
@@ -264,7 +266,7 @@ def test_a_graph_checkpoint_resumes_in_resident_mode(client4, regression, tmp_pa
 def test_a_damaged_block_is_reported_before_any_training_task(client4, regression, tmp_path):
     X, y = regression
     run = tmp_path / "run"
-    NPTTrainer((12,), grid="2x2", mode="resident", client=client4, checkpoint_dir=run, **KWARGS).fit(X, y, steps=2)
+    NPTTrainer((12,), grid="2x2", mode="resident", client=client4, **KWARGS, checkpoint=run).fit(X, y, steps=2)
     store = checkpoint_path(run, 2)
     z = zarr.open_array(str(store / "weights" / "1"), mode="r+")
     z[7, 3] = z[7, 3] + 1.0  # block 1.1 of the resident 2x2 layout, rewritten through zarr
@@ -283,7 +285,7 @@ def test_partial_fit_on_new_data_continues_on_the_cells(client4, regression, tmp
     X, y = regression
     X2, y2 = X[:64] * 0.5, y[:64]
     folder = tmp_path / "run" if store else None
-    npt = NPTTrainer((12,), grid="2x2", mode=mode, client=client4, checkpoint_dir=folder, **KWARGS).fit(X, y, steps=4)
+    npt = NPTTrainer((12,), grid="2x2", mode=mode, client=client4, **KWARGS, checkpoint=folder).fit(X, y, steps=4)
 
     def refuse():
         raise AssertionError("partial_fit loaded the model onto the client")
@@ -302,7 +304,7 @@ def test_partial_fit_on_new_data_continues_on_the_cells(client4, regression, tmp
 @pytest.mark.parametrize("mode", ["resident", "graph"])
 def test_divergence_leaves_the_last_finite_state_on_the_cells(client4, regression, mode):
     X, y = regression
-    kwargs = dict(lr=1e306, momentum=0.9, batch_size=20, seed=0)
+    kwargs = dict(lr=1e306, batch_size=20, seed=0, sgd={"momentum": 0.9})
     serial = SerialTrainer((10,), **kwargs)
     with pytest.raises(TrainingDiverged) as want:
         serial.fit(X * 100, y, steps=4)
@@ -323,7 +325,7 @@ def test_resident_client_holds_no_block_of_a_net_eight_times_its_cap(client4, tm
     state_bytes = 2 * 8 * sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     block_bytes = 8 * (3072 // 2) * (3072 // 2)
     assert state_bytes >= 8 * cap and block_bytes >= cap
-    kwargs = dict(lr=0.01, momentum=0.9, batch_size=16, seed=2, grid="2x2", mode="resident", client=client4)
+    kwargs = dict(lr=0.01, batch_size=16, seed=2, grid="2x2", mode="resident", client=client4, sgd={"momentum": 0.9})
     # the same run with a tiny net first: the modules it imports on first use are not the model's memory
     tiny_peak, _ = _traced_fit_and_resume((8, 8), X, y, tmp_path / "tiny", **kwargs)
     client_peak, resumed = _traced_fit_and_resume(sizes[1:-1], X, y, tmp_path / "run", **kwargs)

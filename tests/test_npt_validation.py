@@ -21,9 +21,9 @@ from daskann.npt import NPTTrainer
 TOL = 1e-10
 
 SETTINGS = {
-    "mse-linear": dict(loss="mse", output="linear"),
-    "cross_entropy": dict(loss="cross_entropy", output="softmax"),
-    "mse-softmax": dict(loss="mse", output="softmax"),
+    "mse-linear": dict(loss="mse", network={"output": "linear"}),
+    "cross_entropy": dict(loss="cross_entropy", network={"output": "softmax"}),
+    "mse-softmax": dict(loss="mse", network={"output": "softmax"}),
 }
 
 
@@ -53,11 +53,11 @@ def test_cells_evaluate_validation_as_serial_training(client4, kind, grid, n_val
     settings = SETTINGS[kind]
     X, y = _data(settings["loss"], 96)
     Xv, yv = _data(settings["loss"], n_val, seed=1)
-    kwargs = dict(lr=0.05, momentum=0.9, batch_size=16, seed=3, eval_every=2, **settings)
-    serial = SerialTrainer((12, 6), **kwargs).fit(X, y, steps=5, validation_data=(Xv, yv))
+    kwargs = dict(lr=0.05, batch_size=16, seed=3, **settings, sgd={"momentum": 0.9})
+    serial = SerialTrainer((12, 6), **kwargs).fit(X, y, steps=5, validation_data=(Xv, yv), eval_every=2)
     npt = NPTTrainer((12, 6), grid=grid, mode="resident", engine={"share_workers": True}, client=client4, **kwargs)
     with scheduler_watch(client4) as watch:
-        npt.fit(X, y, steps=5, validation_data=(Xv, yv))
+        npt.fit(X, y, steps=5, validation_data=(Xv, yv), eval_every=2)
     names = ["loss", "val_loss"] + (["val_accuracy"] if settings["loss"] == "cross_entropy" else [])
     _assert_same_history(npt.history_, serial.history_, names)
     assert np.isnan(npt.history_["val_loss"].values).tolist() == [True, False, True, False, False]
@@ -72,21 +72,21 @@ def test_dask_validation_is_read_on_the_workers(client4, tmp_path, loss):
     settings = SETTINGS["cross_entropy" if loss == "cross_entropy" else "mse-linear"]
     X, y = _data(loss, 96)
     Xv, yv = _data(loss, 40, seed=1)
-    kwargs = dict(lr=0.05, momentum=0.9, batch_size=16, seed=3, eval_every=3, **settings)
+    kwargs = dict(lr=0.05, batch_size=16, seed=3, **settings, sgd={"momentum": 0.9})
     dX, dy = da.from_array(X, chunks=(32, 4)), da.from_array(y, chunks=32)
     dXv, dyv = da.from_array(Xv, chunks=(16, 3)), da.from_array(yv, chunks=16)
     expected = NPTTrainer((12,), grid="2x2", mode="resident", client=client4, **kwargs)
-    expected.fit(X, y, steps=7, validation_data=(Xv, yv))
+    expected.fit(X, y, steps=7, validation_data=(Xv, yv), eval_every=3)
     # checkpoints every 2 steps: four resident stretches, each evaluating the steps it ends or passes
     got = NPTTrainer(
-        (12,), grid="2x2", mode="resident", client=client4, checkpoint_dir=tmp_path, checkpoint_every=2, **kwargs
+        (12,), grid="2x2", mode="resident", client=client4, **kwargs, checkpoint={"dir": tmp_path, "every": 2}
     )
     with scheduler_watch(client4) as watch:
-        got.fit(dX, dy, steps=7, validation_data=(dXv, dyv))
+        got.fit(dX, dy, steps=7, validation_data=(dXv, dyv), eval_every=3)
     names = ["val_loss"] + (["val_accuracy"] if loss == "cross_entropy" else [])
     for name in names:
         np.testing.assert_array_equal(got.history_[name].values, expected.history_[name].values)
-    serial = SerialTrainer((12,), **kwargs).fit(X, y, steps=7, validation_data=(Xv, yv))
+    serial = SerialTrainer((12,), **kwargs).fit(X, y, steps=7, validation_data=(Xv, yv), eval_every=3)
     _assert_same_history(got.history_, serial.history_, names)
     # each stretch reads every cell's block on that cell's worker: 4 stretches x 4 cells
     reads = [k for k in watch.keys if "-read-val-X-" in k]
@@ -96,10 +96,11 @@ def test_dask_validation_is_read_on_the_workers(client4, tmp_path, loss):
 def test_partial_fit_keeps_evaluating_on_the_cells(client4):
     X, y = _data("cross_entropy", 96)
     Xv, yv = _data("cross_entropy", 30, seed=1)
-    kwargs = dict(lr=0.05, momentum=0.9, batch_size=16, seed=3, eval_every=2, **SETTINGS["cross_entropy"])
+    kwargs = dict(lr=0.05, batch_size=16, seed=3, **SETTINGS["cross_entropy"], sgd={"momentum": 0.9})
     npt = NPTTrainer((12,), grid="2x2", mode="resident", client=client4, **kwargs)
-    npt.fit(X, y, steps=3, validation_data=(Xv, yv)).partial_fit(steps=3)
-    serial = SerialTrainer((12,), **kwargs).fit(X, y, steps=3, validation_data=(Xv, yv)).partial_fit(steps=3)
+    npt.fit(X, y, steps=3, validation_data=(Xv, yv), eval_every=2).partial_fit(steps=3)
+    serial = SerialTrainer((12,), **kwargs).fit(X, y, steps=3, validation_data=(Xv, yv), eval_every=2)
+    serial.partial_fit(steps=3)
     _assert_same_history(npt.history_, serial.history_, ["loss", "val_loss", "val_accuracy"])
     assert npt.__dict__.get("_model") is None
 
@@ -112,17 +113,19 @@ def test_client_holds_no_block_while_validating_a_net_eight_times_its_cap(client
     sizes, cap = (16, 1536, 1536, 4), 4 * 2**20
     state_bytes = 2 * 8 * sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
     assert state_bytes >= 8 * cap
-    kwargs = dict(lr=0.01, momentum=0.9, batch_size=16, seed=2, eval_every=1)
+    kwargs = dict(lr=0.01, batch_size=16, seed=2, sgd={"momentum": 0.9})
     npt = dict(grid="2x2", mode="resident", client=client4)
 
     def traced(hidden, folder):
         gc.collect()
         tracemalloc.start()
         try:
-            NPTTrainer(hidden, checkpoint_dir=folder, **npt, **kwargs).fit(X, y, steps=3, validation_data=(Xv, yv))
+            NPTTrainer(hidden, **npt, **kwargs, checkpoint=folder).fit(
+                X, y, steps=3, validation_data=(Xv, yv), eval_every=1
+            )
             gc.collect()
-            resumed = NPTTrainer(hidden, checkpoint_dir=folder, **npt, **kwargs)
-            resumed.fit(X, y, steps=4, resume=folder, validation_data=(Xv, yv))
+            resumed = NPTTrainer(hidden, **npt, **kwargs, checkpoint=folder)
+            resumed.fit(X, y, steps=4, resume=folder, validation_data=(Xv, yv), eval_every=1)
             return tracemalloc.get_traced_memory()[1], resumed
         finally:
             tracemalloc.stop()

@@ -46,7 +46,7 @@ def digits():
 
 
 def _settings(**overrides):
-    s = dict(loss="cross_entropy", lr=0.1, momentum=0.9, batch_size=32, seed=3, eval_every=10)
+    s = dict(loss="cross_entropy", lr=0.1, batch_size=32, seed=3, sgd={"momentum": 0.9})
     s.update(overrides)
     return s
 
@@ -134,7 +134,7 @@ def test_diversity_is_zero_for_identical_models_and_positive_otherwise():
 def _reference_submodel(digits, partition, g, seed, steps, **settings):
     """The sub-model trained directly by the serial trainer, in this process."""
     return SerialTrainer(partition.submodel_sizes(g)[1:-1], **{**_settings(**settings), "seed": seed}).fit(
-        digits.X_train, digits.y_train, steps=steps, validation_data=(digits.X_val, digits.y_val)
+        digits.X_train, digits.y_train, steps=steps, validation_data=(digits.X_val, digits.y_val), eval_every=10
     )
 
 
@@ -158,7 +158,9 @@ def test_submodels_run_at_the_same_time_on_different_workers_and_match_serial(cl
         hidden, **_settings(), k=2, merge={"noise": 0.0}, split={"sub_steps": 500}, client=client2
     )
     with get_task_stream(client=client2) as ts:
-        trainer.fit(digits.X_train, digits.y_train, steps=30, validation_data=(digits.X_val, digits.y_val))
+        trainer.fit(
+            digits.X_train, digits.y_train, steps=30, validation_data=(digits.X_val, digits.y_val), eval_every=10
+        )
     intervals = _compute_intervals(ts.data, trainer.run_prefix_)
     assert len(intervals) == 2, intervals
     (s0, e0, w0), (s1, e1, w1) = [v[-1] for _, v in sorted(intervals.items())]
@@ -177,7 +179,12 @@ def test_submodels_run_at_the_same_time_on_different_workers_and_match_serial(cl
     assert np.max(np.abs(trainer.merged_model_.forward(X) - combine_logits(trainer.submodels_, X))) <= 1e-12
     # fine-tuning is the serial trainer from the merged network, momentum reset
     ref = SerialTrainer(hidden, **_settings()).fit(
-        digits.X_train, digits.y_train, steps=30, validation_data=(X, digits.y_val), init_model=trainer.merged_model_
+        digits.X_train,
+        digits.y_train,
+        steps=30,
+        validation_data=(X, digits.y_val),
+        eval_every=10,
+        init_model=trainer.merged_model_,
     )
     assert all(np.array_equal(x, y) for x, y in zip(trainer.model_.params, ref.model_.params, strict=True))
     assert all(np.array_equal(x, y) for x, y in zip(trainer.velocity_, ref.velocity_, strict=True))
@@ -302,7 +309,7 @@ def test_a_submodel_that_fails_for_good_is_named_and_the_others_are_kept(client2
         merge={"noise": 0.0},
         split={"sub_steps": 20, "retries": 2},
         client=client2,
-        checkpoint_dir=tmp_path,
+        checkpoint=tmp_path,
     )
     first = PartitionTrainer((16, 16), **kwargs).fit(digits.X_train, digits.y_train, steps=5)
     # damage sub-model 1's only checkpoint: resuming it raises on every attempt
@@ -349,12 +356,11 @@ def test_a_slow_submodel_phase_times_out_instead_of_hanging(client2, digits):
 
 def test_resume_skips_finished_submodels_and_continues_fine_tuning(client2, digits, tmp_path):
     kwargs = dict(
-        **_settings(), k=2, merge={"noise": 0.02}, split={"sub_steps": 30}, client=client2, checkpoint_every=10
+        **_settings(), k=2, merge={"noise": 0.02}, split={"sub_steps": 30}, client=client2, checkpoint={"every": 10}
     )
-    PartitionTrainer((16, 16), **kwargs, checkpoint_dir=tmp_path / "a").fit(digits.X_train, digits.y_train, steps=20)
-    resumed = PartitionTrainer((16, 16), **kwargs, checkpoint_dir=tmp_path / "a").fit(
-        digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a"
-    )
+    run = {**kwargs, "checkpoint": {"dir": tmp_path / "a", "every": 10}}
+    PartitionTrainer((16, 16), **run).fit(digits.X_train, digits.y_train, steps=20)
+    resumed = PartitionTrainer((16, 16), **run).fit(digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a")
     assert [r.resumed_from for r in resumed.submodel_results_] == [30, 30]
     straight = PartitionTrainer((16, 16), **kwargs).fit(digits.X_train, digits.y_train, steps=40)
     assert resumed.n_steps_ == 40

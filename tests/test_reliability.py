@@ -104,9 +104,9 @@ def test_client_killed_at_random_points_resumes_bit_identical(tmp_path, straight
 @pytest.mark.parametrize("control", ["momentum dropped", "batch order re-seeded"])
 def test_negative_controls_break_equality(tmp_path, control):
     data = load_dataset("linear", n_samples=512, seed=0)
-    kwargs = {"lr": 0.02, "momentum": 0.9, "batch_size": 64, "seed": 0}
+    kwargs = {"lr": 0.02, "batch_size": 64, "seed": 0, "sgd": {"momentum": 0.9}}
     straight = SerialTrainer((32,), **kwargs).fit(data.X_train, data.y_train, steps=60)
-    SerialTrainer((32,), checkpoint_dir=tmp_path, **kwargs).fit(data.X_train, data.y_train, steps=30)
+    SerialTrainer((32,), **kwargs, checkpoint=tmp_path).fit(data.X_train, data.y_train, steps=30)
     ckpt = load_checkpoint(tmp_path)
     if control == "momentum dropped":
         ckpt.velocity = [np.zeros_like(v) for v in ckpt.velocity]
@@ -128,7 +128,7 @@ def test_negative_controls_break_equality(tmp_path, control):
 
 def test_kill_during_checkpoint_write_keeps_the_previous_checkpoint(tmp_path):
     data = load_dataset("linear", n_samples=512, seed=0)
-    SerialTrainer((32,), batch_size=64, checkpoint_dir=tmp_path, checkpoint_every=5).fit(
+    SerialTrainer((32,), batch_size=64, checkpoint={"dir": tmp_path, "every": 5}).fit(
         data.X_train, data.y_train, steps=10
     )
     # a writer killed between the temporary write and the rename leaves only a hidden temporary

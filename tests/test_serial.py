@@ -37,7 +37,7 @@ def classification():
 def test_matches_independent_training_to_1e12(activation, loss, regression, classification):
     X, y = regression if loss == "mse" else classification
     n_out = y.shape[1] if loss == "mse" else 3
-    kwargs = {"activation": activation, "loss": loss, "lr": 0.05, "momentum": 0.9, "batch_size": 16, "seed": 7}
+    kwargs = {"activation": activation, "loss": loss, "lr": 0.05, "batch_size": 16, "seed": 7, "sgd": {"momentum": 0.9}}
     trainer = SerialTrainer((10, 8), **kwargs).fit(X, y, steps=50)
     Ws, bs, vW, vb, losses = reference_train(
         X,
@@ -80,9 +80,9 @@ def test_history_is_an_xarray_dataset_over_steps(classification):
 
 def test_fit_is_deterministic_and_partial_fit_continues(regression):
     X, y = regression
-    straight = SerialTrainer((8,), momentum=0.5, batch_size=16).fit(X, y, steps=30)
-    again = SerialTrainer((8,), momentum=0.5, batch_size=16).fit(X, y, steps=30)
-    split = SerialTrainer((8,), momentum=0.5, batch_size=16).fit(X, y, steps=12).partial_fit(steps=18)
+    straight = SerialTrainer((8,), batch_size=16, sgd={"momentum": 0.5}).fit(X, y, steps=30)
+    again = SerialTrainer((8,), batch_size=16, sgd={"momentum": 0.5}).fit(X, y, steps=30)
+    split = SerialTrainer((8,), batch_size=16, sgd={"momentum": 0.5}).fit(X, y, steps=12).partial_fit(steps=18)
     for a, b, c in zip(straight.model_.params, again.model_.params, split.model_.params, strict=True):
         assert np.array_equal(a, b) and np.array_equal(a, c)
     assert split.history_.sizes["step"] == 30
@@ -90,7 +90,7 @@ def test_fit_is_deterministic_and_partial_fit_continues(regression):
 
 def test_unshuffled_order_walks_rows(regression):
     X, y = regression
-    trainer = SerialTrainer((4,), batch_size=40, shuffle=False).fit(X, y, steps=3)
+    trainer = SerialTrainer((4,), batch_size=40, sgd={"shuffle": False}).fit(X, y, steps=3)
     assert np.array_equal(trainer.batch_order_.indices(2), (80 + np.arange(40)) % 96)
 
 
@@ -106,13 +106,13 @@ def test_init_model_is_used_and_not_modified(regression):
 
 def test_float32_training(regression):
     X, y = regression
-    trainer = SerialTrainer((8,), dtype="float32", batch_size=16).fit(X, y, steps=10)
+    trainer = SerialTrainer((8,), batch_size=16, network={"dtype": "float32"}).fit(X, y, steps=10)
     assert all(p.dtype == np.float32 for p in trainer.model_.params)
 
 
 def test_divergence_stops_and_keeps_last_finite_state(regression):
     X, y = regression
-    trainer = SerialTrainer((16, 16), lr=1e3, momentum=0.9, batch_size=16)
+    trainer = SerialTrainer((16, 16), lr=1e3, batch_size=16, sgd={"momentum": 0.9})
     with pytest.raises(TrainingDiverged, match=r"diverged at step (\d+)") as info:
         trainer.fit(X, y * 1e3, steps=200)
     assert 1 < info.value.step <= 200
@@ -123,9 +123,9 @@ def test_divergence_stops_and_keeps_last_finite_state(regression):
 def test_scikit_learn_parameter_protocol():
     trainer = SerialTrainer((8, 4), lr=0.1)
     params = trainer.get_params()
-    assert params["hidden_sizes"] == (8, 4) and params["lr"] == 0.1 and "checkpoint_dir" in params
-    assert trainer.set_params(momentum=0.5) is trainer and trainer.momentum == 0.5
-    assert "lr=0.1" in repr(trainer) and "momentum=0.5" in repr(trainer)
+    assert params["hidden_sizes"] == (8, 4) and params["lr"] == 0.1 and "checkpoint" in params
+    assert trainer.set_params(sgd__momentum=0.5) is trainer and trainer.sgd == {"momentum": 0.5}
+    assert "lr=0.1" in repr(trainer) and "sgd={'momentum': 0.5}" in repr(trainer)
     with pytest.raises(ValueError, match="Invalid parameter 'learning_rate'"):
         trainer.set_params(learning_rate=1)
 
@@ -134,16 +134,16 @@ def test_checkpoints_resume_bit_for_bit_in_a_new_process(tmp_path, regression):
     X, y = regression
     data = tmp_path / "data.npz"
     np.savez(data, X=X, y=y)
-    kwargs = {"momentum": 0.9, "batch_size": 16, "lr": 0.05, "seed": 3}
+    kwargs = {"batch_size": 16, "lr": 0.05, "seed": 3, "sgd": {"momentum": 0.9}}
     straight = SerialTrainer((8, 8), **kwargs).fit(X, y, steps=40)
     run = tmp_path / "run"
-    SerialTrainer((8, 8), checkpoint_dir=run, checkpoint_every=10, **kwargs).fit(X, y, steps=25)
+    SerialTrainer((8, 8), **kwargs, checkpoint={"dir": run, "every": 10}).fit(X, y, steps=25)
     assert (run / "checkpoints" / "step-00000025.zarr").is_dir()
     script = f"""
 import numpy as np
 from daskann import SerialTrainer
 d = np.load({str(data)!r})
-t = SerialTrainer((8, 8), checkpoint_dir={str(run)!r}, **{kwargs!r}).fit(d["X"], d["y"], steps=40, resume={str(run)!r})
+t = SerialTrainer((8, 8), checkpoint={str(run)!r}, **{kwargs!r}).fit(d["X"], d["y"], steps=40, resume={str(run)!r})
 t.save({str(tmp_path / "final.zarr")!r})
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
@@ -155,7 +155,7 @@ t.save({str(tmp_path / "final.zarr")!r})
 
 def test_resume_refuses_a_checkpoint_of_another_training(tmp_path, regression):
     X, y = regression
-    SerialTrainer((8,), batch_size=16, checkpoint_dir=tmp_path / "run").fit(X, y, steps=5)
+    SerialTrainer((8,), batch_size=16, checkpoint=tmp_path / "run").fit(X, y, steps=5)
     with pytest.raises(ValueError, match="does not match.*sizes"):
         SerialTrainer((9,), batch_size=16).fit(X, y, steps=10, resume=tmp_path / "run")
     with pytest.raises(ValueError, match="does not match.*lr"):
@@ -197,8 +197,8 @@ def _bad_cases():
         ({"lr": -1.0}, {}, ValueError, "lr="),
         ({"lr": float("nan")}, {}, ValueError, "lr="),
         ({"lr": "fast"}, {}, TypeError, "lr="),
-        ({"momentum": 1.0}, {}, ValueError, "momentum="),
-        ({"momentum": -0.5}, {}, ValueError, "momentum="),
+        ({"sgd": {"momentum": 1.0}}, {}, ValueError, r"sgd\['momentum'\]="),
+        ({"sgd": {"momentum": -0.5}}, {}, ValueError, r"sgd\['momentum'\]="),
         ({}, {"steps": 0}, ValueError, "steps="),
         ({}, {"steps": None, "epochs": -1}, ValueError, "epochs="),
         ({}, {"steps": 5, "epochs": 1}, ValueError, "steps/epochs"),
@@ -206,12 +206,17 @@ def _bad_cases():
         ({"batch_size": 0}, {}, ValueError, "batch_size="),
         ({"activation": "swish"}, {}, ValueError, "activation='swish'.*'sigmoid', 'tanh'"),
         ({"loss": "hinge"}, {}, ValueError, "loss='hinge'.*'mse', 'cross_entropy', 'sse'"),
-        ({"output": "relu"}, {}, ValueError, "output='relu'.*'softmax', 'sigmoid', 'tanh'"),
+        ({"network": {"output": "relu"}}, {}, ValueError, "network\\['output'\\]='relu'.*'softmax', 'sigmoid', 'tanh'"),
         ({"bias": "no"}, {}, TypeError, "bias='no'"),
-        ({"shuffle": "serialized"}, {}, ValueError, "batch_size=4 is not valid: expected None with shuffle='serial"),
-        ({"shuffle": "random"}, {}, ValueError, "shuffle='random'.*'serialized'"),
-        ({"batch_size": None, "shuffle": "serialized"}, {"steps": 0}, ValueError, "steps="),
-        ({"dtype": "int8"}, {}, TypeError, "dtype="),
+        (
+            {"sgd": {"shuffle": "serialized"}},
+            {},
+            ValueError,
+            "batch_size=4 is not valid: expected None with shuffle='serial",
+        ),
+        ({"sgd": {"shuffle": "random"}}, {}, ValueError, r"sgd\['shuffle'\]='random'.*'serialized'"),
+        ({"batch_size": None, "sgd": {"shuffle": "serialized"}}, {"steps": 0}, ValueError, "steps="),
+        ({"network": {"dtype": "int8"}}, {}, TypeError, r"network\['dtype'\]="),
         ({"hidden_sizes": (8, 0)}, {}, ValueError, r"hidden_sizes\[1\]="),
         ({}, {"validation_data": (X[:, :3], y)}, ValueError, r"validation_data\[0\]="),
     ]
@@ -248,10 +253,26 @@ def test_classic_training_matches_independent_training(
 ):
     X, y = regression
     y = _squashed_targets(y, output)
-    kwargs = {"activation": activation, "output": output, "loss": loss, "lr": lr, "momentum": 0.9, "seed": 7}
-    trainer = SerialTrainer((10, 8), bias=bias, batch_size=batch_size, shuffle=shuffle, **kwargs).fit(X, y, steps=50)
+    kwargs = {"activation": activation, "loss": loss, "lr": lr, "seed": 7}
+    trainer = SerialTrainer(
+        (10, 8),
+        bias=bias,
+        batch_size=batch_size,
+        network={"output": output},
+        sgd={"momentum": 0.9, "shuffle": shuffle},
+        **kwargs,
+    ).fit(X, y, steps=50)
     Ws, bs, vW, vb, losses = reference_train(
-        X, y, (6, 10, 8, 3), bias=bias, batch_size=batch_size, shuffle=shuffle, steps=50, **kwargs
+        X,
+        y,
+        (6, 10, 8, 3),
+        bias=bias,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        steps=50,
+        output=output,
+        momentum=0.9,
+        **kwargs,
     )
     assert len(trainer.model_.params) == (6 if bias else 3)
     interleave = trainer.model_.interleave
@@ -329,13 +350,12 @@ def test_classic_training_equals_pytorch(activation, output, loss, bias, batch_s
     y = _squashed_targets(y, output)
     kwargs = {
         "activation": activation,
-        "output": output,
         "loss": loss,
         "lr": lr,
-        "momentum": 0.9,
         "seed": 7,
         "batch_size": batch_size,
-        "shuffle": shuffle,
+        "network": {"output": output},
+        "sgd": {"momentum": 0.9, "shuffle": shuffle},
     }
     trainer = SerialTrainer((10, 8), bias=bias, **kwargs).fit(X, y, steps=50)
     start = MLP((6, 10, 8, 3), bias=bias, seed=7)
@@ -353,11 +373,13 @@ def test_full_batch_and_serialized_orders(regression):
     full = SerialTrainer((4,), batch_size=None).fit(X, y, epochs=3)
     assert full.n_steps_ == 3 and full.batch_order_.full_batch
     assert np.array_equal(full.batch_order_.indices(2), np.arange(96))
-    serialized = SerialTrainer((4,), batch_size=None, shuffle="serialized", momentum=0.9).fit(X, y, steps=100)
+    serialized = SerialTrainer((4,), batch_size=None, sgd={"shuffle": "serialized", "momentum": 0.9}).fit(
+        X, y, steps=100
+    )
     assert serialized.batch_order_.steps_per_epoch == 96
     assert np.array_equal(serialized.batch_order_.indices(100), [4])
     # the serialized order is the in-order walk one row at a time
-    walk = SerialTrainer((4,), batch_size=1, shuffle=False, momentum=0.9).fit(X, y, steps=100)
+    walk = SerialTrainer((4,), batch_size=1, sgd={"shuffle": False, "momentum": 0.9}).fit(X, y, steps=100)
     assert all(np.array_equal(a, b) for a, b in zip(serialized.model_.params, walk.model_.params, strict=True))
 
 
@@ -393,17 +415,16 @@ def test_bias_free_checkpoints_resume_and_refuse_biases(tmp_path, regression):
     y = _squashed_targets(y, "sigmoid")
     kwargs = {
         "activation": "sigmoid",
-        "output": "sigmoid",
         "loss": "sse",
         "lr": 0.5,
-        "momentum": 0.9,
         "batch_size": None,
-        "shuffle": "serialized",
         "bias": False,
+        "network": {"output": "sigmoid"},
+        "sgd": {"momentum": 0.9, "shuffle": "serialized"},
     }
     straight = SerialTrainer((8,), **kwargs).fit(X, y, steps=30)
     run = tmp_path / "run"
-    SerialTrainer((8,), checkpoint_dir=run, **kwargs).fit(X, y, steps=12)
+    SerialTrainer((8,), **kwargs, checkpoint=run).fit(X, y, steps=12)
     ckpt = load_checkpoint(run)
     assert not ckpt.model.bias and ckpt.model.biases == [] and len(ckpt.velocity) == 2
     assert not list(run.rglob("biases"))
@@ -413,7 +434,7 @@ def test_bias_free_checkpoints_resume_and_refuse_biases(tmp_path, regression):
     with pytest.raises(StoreError, match="does not match.*bias=True but the checkpoint's model has none"):
         SerialTrainer((8,), **{**kwargs, "bias": True}).fit(X, y, steps=30, resume=run)
     biased = tmp_path / "biased"
-    SerialTrainer((8,), checkpoint_dir=biased, **{**kwargs, "bias": True}).fit(X, y, steps=5)
+    SerialTrainer((8,), **{**kwargs, "bias": True}, checkpoint=biased).fit(X, y, steps=5)
     with pytest.raises(StoreError, match="bias=False but the checkpoint's model has biases"):
         SerialTrainer((8,), **kwargs).fit(X, y, steps=30, resume=biased)
     with pytest.raises(ValueError, match="init_model=.*bias=False"):

@@ -10,7 +10,15 @@ from sklearn.metrics import accuracy_score, r2_score
 from sklearn.model_selection import GridSearchCV
 from sklearn.utils.validation import check_is_fitted
 
-from daskann import MGRITTrainer, NPTTrainer, PartitionTrainer, SerialTrainer
+from daskann import (
+    CheckpointOptions,
+    MGRITTrainer,
+    NetworkOptions,
+    NPTTrainer,
+    PartitionTrainer,
+    SerialTrainer,
+    SGDOptions,
+)
 from daskann._base import BaseTrainer
 from daskann.data import make_linear
 from daskann.mgrit import PRESETS, MGRITEngineOptions, MGRITSolverOptions, resolve_preset
@@ -39,7 +47,7 @@ def classification():
 def test_clone_keeps_every_parameter_and_shares_the_client(cls):
     client = object()  # a clone must not copy a client: it is a connection
     kwargs = {"client": client} if "client" in cls._get_param_names() else {}
-    trainer = cls((8, 4), lr=0.05, seed=3, checkpoint_every=7, **kwargs)
+    trainer = cls((8, 4), lr=0.05, seed=3, checkpoint={"every": 7}, **kwargs)
     copy = clone(trainer)
     assert type(copy) is cls and copy is not trainer
     assert copy.get_params(deep=False) == trainer.get_params(deep=False)
@@ -122,7 +130,7 @@ def test_grid_search_over_lr_on_the_partition_trainer(client2, classification):
 
 def test_fit_trains_for_the_settings_length_and_fit_overrides_it(classification):
     X, y = classification
-    trainer = SerialTrainer((8,), loss="cross_entropy", output="softmax", batch_size=20)
+    trainer = SerialTrainer((8,), loss="cross_entropy", batch_size=20, network={"output": "softmax"})
     assert trainer.fit(X, y).n_steps_ == 10 * (X.shape[0] // 20)  # epochs=10 by default
     assert trainer.set_params(steps=7).fit(X, y).n_steps_ == 7  # steps, where set, wins over epochs
     assert trainer.fit(X, y, epochs=2).n_steps_ == 2 * (X.shape[0] // 20)  # fit's own length for that call
@@ -135,7 +143,7 @@ def test_fit_trains_for_the_settings_length_and_fit_overrides_it(classification)
 def test_any_hashable_labels_round_trip_through_classes(classification):
     X, y = classification
     names = np.array(["setosa", "versicolor", "virginica"])[y]
-    kwargs = dict(loss="cross_entropy", output="softmax", lr=0.1, batch_size=20, epochs=5)
+    kwargs = dict(loss="cross_entropy", lr=0.1, batch_size=20, epochs=5, network={"output": "softmax"})
     by_name = SerialTrainer((8,), **kwargs).fit(X, names)
     by_index = SerialTrainer((8,), **kwargs).fit(X, y)
     assert by_name.classes_.tolist() == ["setosa", "versicolor", "virginica"]
@@ -149,7 +157,7 @@ def test_any_hashable_labels_round_trip_through_classes(classification):
 
 def test_partial_fit_takes_classes_on_the_first_call_and_trains_an_epoch(classification):
     X, y = classification
-    trainer = SerialTrainer((8,), loss="cross_entropy", output="softmax", batch_size=20)
+    trainer = SerialTrainer((8,), loss="cross_entropy", batch_size=20, network={"output": "softmax"})
     trainer.partial_fit(X[:40], y[:40] * 0, classes=[0, 1, 2])  # one class in the first block
     assert trainer.classes_.tolist() == [0, 1, 2] and trainer.model_.sizes[-1] == 3
     assert trainer.n_steps_ == 2  # one epoch over the 40 rows
@@ -187,7 +195,8 @@ def test_cross_val_score_of_a_pipeline_trains_with_the_settings_length(classific
 
     X, y = classification
     pipeline = make_pipeline(
-        StandardScaler(), SerialTrainer((8,), loss="cross_entropy", output="softmax", lr=0.1, batch_size=16)
+        StandardScaler(),
+        SerialTrainer((8,), loss="cross_entropy", lr=0.1, batch_size=16, network={"output": "softmax"}),
     )
     scores = cross_val_score(pipeline, X * 1000.0, y, cv=3)
     print(f"\ncross_val_score(StandardScaler -> SerialTrainer): {np.round(scores, 3).tolist()}")
@@ -207,11 +216,16 @@ def test_batch_size_is_clipped_per_partial_fit_call(regression):
 
 
 # -- option groups: a short constructor, every option still settable ---------------------------------------
-GROUPS = {
+SHARED_GROUPS = {"network": NetworkOptions, "sgd": SGDOptions, "checkpoint": CheckpointOptions}
+METHOD_GROUPS = {
     MGRITTrainer: {"solver": MGRITSolverOptions, "engine": MGRITEngineOptions},
     PartitionTrainer: {"split": PartitionSplitOptions, "merge": PartitionMergeOptions},
     NPTTrainer: {"engine": NPTEngineOptions},
 }
+#: every group of every trainer: the shared ones and its method's
+GROUPS = {cls: {**SHARED_GROUPS, **METHOD_GROUPS.get(cls, {})} for cls in TRAINERS}
+#: the settings every trainer takes, the shared groups among them
+SHARED = "hidden_sizes activation loss lr batch_size epochs steps seed verbose network sgd checkpoint".split()
 #: the flat keywords each trainer took before its options were grouped, by the group that holds them now
 FORMER = {
     MGRITTrainer: {
@@ -229,17 +243,79 @@ FORMER = {
 }
 
 
-@pytest.mark.parametrize("cls", list(GROUPS), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", list(METHOD_GROUPS), ids=lambda c: c.__name__)
 def test_a_method_adds_at_most_four_parameters_to_the_shared_ones(cls):
     own = [name for name in cls._get_param_names() if name not in BaseTrainer._get_param_names()]
     assert len(own) <= 4 and "client" in own, own
-    assert set(GROUPS[cls]) <= set(own)
+    assert set(METHOD_GROUPS[cls]) <= set(own)
 
 
-@pytest.mark.parametrize("cls", list(GROUPS), ids=lambda c: c.__name__)
+def test_no_trainer_takes_more_than_sixteen_parameters():
+    assert sorted(BaseTrainer._get_param_names()) == sorted(SHARED)
+    counts = {cls.__name__: len(cls._get_param_names()) for cls in TRAINERS}
+    assert counts == {"SerialTrainer": 14, "NPTTrainer": 16, "MGRITTrainer": 16, "PartitionTrainer": 16}
+
+
+def test_shared_groups_reach_the_settings_the_methods_consume(tmp_path):
+    trainer = NPTTrainer(
+        network={"output": "softmax", "negative_slope": 0.2, "dtype": "float32"},
+        sgd=SGDOptions(momentum=0.5, shuffle=False),
+        checkpoint=CheckpointOptions(dir=tmp_path, every=7),
+    )
+    settings = trainer._check_settings(eval_every=3)
+    got = {
+        k: settings[k] for k in ("output", "negative_slope", "momentum", "shuffle", "checkpoint_every", "eval_every")
+    }
+    assert got == {
+        "output": "softmax",
+        "negative_slope": 0.2,
+        "momentum": 0.5,
+        "shuffle": False,
+        "checkpoint_every": 7,
+        "eval_every": 3,
+    }
+    assert settings["dtype"] == np.float32 and trainer._checkpoint_dir == tmp_path
+    # the defaults: float64, plain SGD over shuffled batches, nothing written
+    settings = SerialTrainer()._check_settings()
+    assert (settings["dtype"], settings["momentum"], settings["shuffle"], settings["output"]) == (
+        np.float64,
+        0.0,
+        True,
+        "linear",
+    )
+    assert SerialTrainer()._checkpoint_dir is None
+
+
+def test_checkpoint_takes_a_folder_and_keeps_it_when_one_option_is_set(tmp_path, regression):
+    X, y = regression
+    trainer = SerialTrainer((8,), batch_size=16, checkpoint=tmp_path / "run")
+    assert trainer.set_params(checkpoint__every=2).checkpoint == {"dir": tmp_path / "run", "every": 2}
+    trainer.fit(X, y, steps=4)
+    assert len(list((tmp_path / "run" / "checkpoints").iterdir())) == 2
+    with pytest.raises(TypeError, match=r"checkpoint=3 is not valid: expected a path \(its 'dir'\), None"):
+        SerialTrainer(checkpoint=3).fit(X, y)
+
+
+def test_eval_every_is_a_fit_parameter(regression):
+    X, y = regression
+    trainer = SerialTrainer((8,), batch_size=16).fit(X, y, steps=6, validation_data=(X, y), eval_every=4)
+    assert np.flatnonzero(~np.isnan(trainer.history_["val_loss"].values)).tolist() == [3, 5]  # steps 4 and 6
+    with pytest.raises(ValueError, match="eval_every=0 is not valid"):
+        SerialTrainer().fit(X, y, eval_every=0)
+
+
+def test_grid_search_over_sgd_momentum(classification):
+    X, y = classification
+    trainer = SerialTrainer((8,), loss="cross_entropy", lr=0.1, batch_size=16, epochs=3, sgd={"shuffle": False})
+    search = GridSearchCV(trainer, {"sgd__momentum": [0.0, 0.9]}, cv=2, error_score="raise").fit(X, y)
+    assert search.best_estimator_.sgd == {"shuffle": False, "momentum": search.best_params_["sgd__momentum"]}
+    assert trainer.sgd == {"shuffle": False}
+
+
+@pytest.mark.parametrize("cls", list(METHOD_GROUPS), ids=lambda c: c.__name__)
 def test_every_former_option_is_an_option_of_its_group(cls):
     for group, names in FORMER[cls].items():
-        options = GROUPS[cls][group]
+        options = METHOD_GROUPS[cls][group]
         assert set(names) == set(options._get_param_names()), group
         assert not set(names) & set(cls._get_param_names())  # no longer flat
 
@@ -314,7 +390,9 @@ def test_former_options_reach_the_settings_the_methods_consume():
     )
 
 
-@pytest.mark.parametrize("cls", [*GROUPS, *(o for g in GROUPS.values() for o in g.values())], ids=lambda c: c.__name__)
+@pytest.mark.parametrize(
+    "cls", [*GROUPS, *dict.fromkeys(o for g in GROUPS.values() for o in g.values())], ids=lambda c: c.__name__
+)
 def test_scikit_learn_constructor_checks(cls):
     from sklearn.utils.estimator_checks import (
         check_do_not_raise_errors_in_init_or_set_params,

@@ -20,8 +20,8 @@ def _checkpoint(dtype="float64"):
         model=model,
         velocity=velocity,
         step=17,
-        batch_order={"n_samples": 10, "batch_size": 2, "seed": 0, "shuffle": True},
-        training={"method": "serial", "loss": "mse", "lr": 0.1, "momentum": 0.9},
+        batch_order={"n_samples": 10, "batch_size": 2, "seed": 0, "sgd": {"shuffle": True}},
+        training={"method": "serial", "loss": "mse", "lr": 0.1, "sgd": {"momentum": 0.9}},
     )
 
 
@@ -84,7 +84,7 @@ def test_truncated_metadata_and_foreign_stores_are_refused(tmp_path):
 
 def test_checkpoint_that_does_not_match_the_model_is_refused(tmp_path):
     X, y = make_linear(40, 5, 3, seed=0)
-    SerialTrainer((7,), batch_size=8, checkpoint_dir=tmp_path).fit(X, y, steps=3)
+    SerialTrainer((7,), batch_size=8, checkpoint=tmp_path).fit(X, y, steps=3)
     with pytest.raises(store.StoreError, match="does not match.*sizes"):
         SerialTrainer((6,), batch_size=8).fit(X, y, steps=5, resume=tmp_path)
     with pytest.raises(store.StoreError, match="does not match.*batch order"):
@@ -93,7 +93,7 @@ def test_checkpoint_that_does_not_match_the_model_is_refused(tmp_path):
 
 def test_run_folder_resume_skips_a_damaged_newest_checkpoint(tmp_path):
     X, y = make_linear(40, 5, 3, seed=0)
-    SerialTrainer((7,), batch_size=8, checkpoint_dir=tmp_path, checkpoint_every=2).fit(X, y, steps=4)
+    SerialTrainer((7,), batch_size=8, checkpoint={"dir": tmp_path, "every": 2}).fit(X, y, steps=4)
     newest = store.list_checkpoints(tmp_path)[0]
     assert newest.name == "step-00000004.zarr"
     next(p for p in _chunk_files(newest) if "weights" in str(p)).unlink()
@@ -137,7 +137,7 @@ def test_prepare_run_dir_guards_foreign_folders(tmp_path):
 
 def test_verify_reports_damage_and_orphans(tmp_path):
     X, y = make_linear(40, 5, 3, seed=0)
-    SerialTrainer((7,), batch_size=8, checkpoint_dir=tmp_path, checkpoint_every=2).fit(X, y, steps=4)
+    SerialTrainer((7,), batch_size=8, checkpoint={"dir": tmp_path, "every": 2}).fit(X, y, steps=4)
     report = store.verify_path(tmp_path)
     assert report["ok"] and {i["kind"] for i in report["items"]} == {"checkpoint", "history"}
     (tmp_path / "checkpoints" / ".step-00000006.zarr.tmp-1234abcd").mkdir()
@@ -152,7 +152,7 @@ def test_verify_reports_damage_and_orphans(tmp_path):
 
 def test_stored_artefacts_hold_no_pickles(tmp_path):
     X, y = make_linear(40, 5, 3, seed=0)
-    SerialTrainer((7,), batch_size=8, checkpoint_dir=tmp_path).fit(X, y, steps=2)
+    SerialTrainer((7,), batch_size=8, checkpoint=tmp_path).fit(X, y, steps=2)
     for path in tmp_path.rglob("*"):
         if path.is_file():
             data = path.read_bytes()
@@ -181,7 +181,7 @@ def test_a_run_folder_being_written_is_refused(tmp_path):
         result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert result.returncode != 0 and "being written by another run" in result.stderr
     # released: training can take it
-    SerialTrainer((4,), batch_size=8, checkpoint_dir=tmp_path / "run").fit(X, y, steps=2)
+    SerialTrainer((4,), batch_size=8, checkpoint=tmp_path / "run").fit(X, y, steps=2)
     assert not (tmp_path / "run" / store.LOCK_NAME).exists()
 
 
@@ -211,8 +211,8 @@ def test_read_only_output_is_refused_before_training(tmp_path):
             target = locked / "run"
         else:
             target = locked / "run"
-        with pytest.raises(ValueError, match="checkpoint_dir="):
-            SerialTrainer((4,), batch_size=8, checkpoint_dir=target).fit(X, y, steps=2)
+        with pytest.raises(ValueError, match=r"checkpoint\['dir'\]="):
+            SerialTrainer((4,), batch_size=8, checkpoint=target).fit(X, y, steps=2)
     finally:
         os.chmod(tmp_path / "ro", 0o700)
 
@@ -313,7 +313,7 @@ def test_a_fit_holds_its_run_folder_until_it_ends(client2, tmp_path, method):
 
     X, y = make_linear(256, 6, 2, seed=0)
     folder = tmp_path / "run"
-    common = dict(batch_size=16, client=client2, checkpoint_dir=folder)
+    common = dict(batch_size=16, client=client2, checkpoint=folder)
     trainer, steps = {
         "npt": lambda: (NPTTrainer((5,), grid="1x2", mode="graph", **common), 300),
         "mgrit": lambda: (MGRITTrainer((5,), solver={"levels": 2, "cfactor": 4}, **common), 512),
@@ -331,8 +331,8 @@ def test_a_full_disk_is_refused_before_training(tmp_path, monkeypatch):
     X, y = make_linear(64, 5, 3, seed=0)
     usage = shutil.disk_usage(tmp_path)._replace(free=100_000)
     monkeypatch.setattr(store.shutil, "disk_usage", lambda path: usage)
-    trainer = SerialTrainer((4,), batch_size=8, checkpoint_dir=tmp_path / "run", checkpoint_every=1)
-    with pytest.raises(store.DiskFullError, match=r"checkpoint_dir=.*run.* has 97\.7 KiB free"):
+    trainer = SerialTrainer((4,), batch_size=8, checkpoint={"dir": tmp_path / "run", "every": 1})
+    with pytest.raises(store.DiskFullError, match=r"checkpoint\['dir'\]=.*run.* has 97\.7 KiB free"):
         trainer.fit(X, y, steps=50)
     assert not (tmp_path / "run").exists()
 
@@ -345,7 +345,7 @@ def test_a_disk_that_fills_up_keeps_the_earlier_checkpoints_and_the_run_resumes(
     X, y = make_linear(64, 5, 3, seed=0)
 
     def make(folder):
-        return SerialTrainer((4,), batch_size=8, momentum=0.9, checkpoint_dir=folder, checkpoint_every=2)
+        return SerialTrainer((4,), batch_size=8, sgd={"momentum": 0.9}, checkpoint={"dir": folder, "every": 2})
 
     clean = make(tmp_path / "clean").fit(X, y, steps=6)
     real_set = zarr.storage.LocalStore.set

@@ -135,8 +135,8 @@ def _solver_options(options: dict) -> dict:
 
 def _trainer_settings(problem: dict) -> dict:
     """The trainers' settings of a benchmark problem (its hidden widths apart)."""
-    keys = ("lr", "momentum", "batch_size", "seed", "activation", "loss")
-    return {k: problem[k] for k in keys}
+    keys = ("lr", "batch_size", "seed", "activation", "loss")
+    return {**{k: problem[k] for k in keys}, "sgd": {"momentum": problem["momentum"]}}
 
 
 def _relative_error(params, reference) -> float:

@@ -54,7 +54,7 @@ def _flat(model) -> np.ndarray:
 def run_cell(data: dict, preset: str, lr: float, momentum: float, steps: int, **solver) -> dict:
     """One adaptive MGRIT fit against serial training: the grid's row."""
     settings = {k: data[k] for k in ("activation", "loss", "batch_size")}
-    settings.update(lr=lr, momentum=momentum, seed=0)
+    settings.update(lr=lr, sgd={"momentum": momentum}, seed=0)
     serial = SerialTrainer(data["hidden"], **settings).fit(data["X"], data["y"], steps=steps)
     start = time.perf_counter()
     with warnings.catch_warnings():

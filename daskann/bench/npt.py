@@ -486,11 +486,11 @@ def _kwargs(sizes, batch, config: BenchConfig) -> dict:
     return {
         "hidden_sizes": tuple(sizes[1:-1]),
         "lr": 0.01,
-        "momentum": 0.9,
         "batch_size": batch,
         "seed": config.seed,
-        "dtype": config.dtype,
         "loss": "mse",
+        "network": {"dtype": config.dtype},
+        "sgd": {"momentum": 0.9},
     }
 
 

@@ -317,15 +317,19 @@ class _Seed:
         return dict(
             loss=self.data.loss,
             lr=c.lr,
-            momentum=c.momentum,
+            sgd={"momentum": c.momentum},
             batch_size=c.batch_size,
-            eval_every=c.eval_every,
             seed=self.seed,
         )
 
     @property
     def val(self) -> tuple:
         return self.data.X_val, self.data.y_val
+
+    @property
+    def evaluated(self) -> dict:
+        """``fit``'s validation keywords: every variant validates every ``eval_every`` steps."""
+        return {"validation_data": self.val, "eval_every": self.config.eval_every}
 
     def partition(self, k: int, mode: str):
         c = self.config
@@ -368,7 +372,7 @@ def _full(s: _Seed) -> dict:
     """The full network from scratch, serially."""
     c = s.config
     full = SerialTrainer(c.hidden, **s.common)
-    wall, cpu = _timed_fit(full, s.data.X_train, s.data.y_train, steps=c.steps, validation_data=s.val)
+    wall, cpu = _timed_fit(full, s.data.X_train, s.data.y_train, steps=c.steps, **s.evaluated)
     t, a = _curve(full.history_)
     return _record(
         t,
@@ -389,7 +393,7 @@ def _alone(s: _Seed, k: int) -> dict:
     c = s.config
     narrow = tuple(-(-h // k) for h in c.hidden)
     alone = SerialTrainer(narrow, **s.common)
-    wall, cpu = _timed_fit(alone, s.data.X_train, s.data.y_train, steps=c.steps, validation_data=s.val)
+    wall, cpu = _timed_fit(alone, s.data.X_train, s.data.y_train, steps=c.steps, **s.evaluated)
     t, a = _curve(alone.history_)
     return _record(
         t,
@@ -409,7 +413,7 @@ def _parallel(s: _Seed, k: int):
     """:class:`PartitionTrainer` with parallel sub-models; the trainer and its record."""
     c = s.config
     par = s.partition(k, "parallel")
-    par.fit(s.data.X_train, s.data.y_train, steps=c.finetune_steps, validation_data=s.val)
+    par.fit(s.data.X_train, s.data.y_train, steps=c.finetune_steps, **s.evaluated)
     t, a = _curve(par.history_, phases=["merge", "finetune"])
     st, sa = _curve(par.history_, phases=["submodel"])
     timings, results = par.timings_, par.submodel_results_
@@ -468,7 +472,7 @@ def _sequential(s: _Seed, k: int, par, par_record: dict) -> dict:
     """The same sub-models one after another; the merge and fine-tuning are the parallel run's."""
     c = s.config
     seq = s.partition(k, "sequential")
-    seq.fit_submodels(s.data.X_train, s.data.y_train, validation_data=s.val)
+    seq.fit_submodels(s.data.X_train, s.data.y_train, **s.evaluated)
     identical = all(
         all(np.array_equal(p, q) for p, q in zip(m1.params, m2.params, strict=True))
         for m1, m2 in zip(seq.submodels_, par.submodels_, strict=True)

@@ -39,7 +39,6 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
         (16, 16),
         loss=data.loss,
         lr=1e-3,
-        momentum=0.0,
         batch_size=16,
         seed=0,
         preset="solver2",

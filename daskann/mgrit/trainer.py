@@ -19,9 +19,9 @@ from daskann import store as store_module
 from daskann._base import BaseTrainer, TrainingData
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._history import HistoryRecorder
-from daskann._options import GroupedOptions, OptionGroup, group_errors, resolve_group
+from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._progress import ProgressBar
-from daskann._typing import Activation, CycleType, FloatDType, Loss, MGRITScheduler, Output
+from daskann._typing import Activation, CycleType, Loss, MGRITScheduler
 from daskann._validation import check_choice, invalid
 from daskann.cluster import check_worker_memory, resolve_client
 from daskann.data import BatchOrder
@@ -189,7 +189,7 @@ _GROUP_OF = {
 }
 
 
-class MGRITTrainer(GroupedOptions, BaseTrainer):
+class MGRITTrainer(BaseTrainer):
     """Minibatch SGD with momentum, parallel over the training steps by MGRIT.
 
     Training is the evolution ``w_{i+1} = Phi_i(w_i)`` where ``Phi_i`` is one
@@ -260,28 +260,23 @@ class MGRITTrainer(GroupedOptions, BaseTrainer):
 
     method = "mgrit"
     _reads_dask = True  # dask-array data is checked and read on the workers
-    _option_groups = {"solver": MGRITSolverOptions, "engine": MGRITEngineOptions}
+    _option_groups = {**BaseTrainer._option_groups, "solver": MGRITSolverOptions, "engine": MGRITEngineOptions}
 
     def __init__(
         self,
         hidden_sizes=(64,),
         *,
         activation: Activation = "relu",
-        output: Output = "linear",
         loss: Loss = "mse",
         lr=0.01,
-        momentum=0.0,
         batch_size=32,
         epochs=10,
         steps=None,
-        shuffle=True,
         seed=0,
-        dtype: FloatDType = "float64",
-        negative_slope=0.01,
-        eval_every=None,
-        checkpoint_dir=None,
-        checkpoint_every=None,
         verbose=0,
+        network=None,
+        sgd=None,
+        checkpoint=None,
         preset="solver2",
         solver=None,
         engine=None,
@@ -319,6 +314,7 @@ class MGRITTrainer(GroupedOptions, BaseTrainer):
         steps=None,
         epochs=None,
         validation_data=None,
+        eval_every=None,
         init_model: MLP | None = None,
         resume=None,
         reference=None,
@@ -332,6 +328,9 @@ class MGRITTrainer(GroupedOptions, BaseTrainer):
             Training length for this call, at most one of the two; by default
             the trainer's ``steps`` or ``epochs``.
         validation_data : (X_val, y_val), optional
+        eval_every : int, optional
+            Validation every this many steps of the result (and at the end);
+            by default once per epoch.
         init_model : MLP, optional
             Start from these weights.
         resume : path, optional
@@ -361,7 +360,7 @@ class MGRITTrainer(GroupedOptions, BaseTrainer):
             The fit fell back to serial propagation, or its work exceeded serial training's.
         """
         self._forget_fit()
-        run = self._prepare_fit(X, y, steps, epochs, validation_data, init_model, resume)
+        run = self._prepare_fit(X, y, steps, epochs, validation_data, eval_every, init_model, resume)
         solver = self._plan_solver(run)
         solver._check()  # every solver option, before the reference run and before any task
         # over the iteration budget: a converged run stops short of it
@@ -380,9 +379,9 @@ class MGRITTrainer(GroupedOptions, BaseTrainer):
             if hasattr(self, name):
                 delattr(self, name)
 
-    def _prepare_fit(self, X, y, steps, epochs, validation_data, init_model, resume) -> _FitRun:
+    def _prepare_fit(self, X, y, steps, epochs, validation_data, eval_every, init_model, resume) -> _FitRun:
         """Check every setting and the data, and find the state training starts from."""
-        settings = self._check_settings()
+        settings = self._check_settings(eval_every)
         options = self._solver_options()
         solver, engine = self._group_options()
         data = self._check_data(X, y, validation_data, settings, model=init_model)
@@ -662,7 +661,7 @@ class MGRITTrainer(GroupedOptions, BaseTrainer):
             self.velocity_ = self._final_velocity(run)
         self.n_steps_ = run.total
         self.n_iter_ = result.iterations
-        if self.checkpoint_dir is not None:
+        if self._checkpoint_dir is not None:
             self._save_checkpoint(
                 self.model_, self.velocity_, run.total, run.order, run.settings, extra={"mgrit": attrs}
             )
@@ -684,16 +683,16 @@ class MGRITTrainer(GroupedOptions, BaseTrainer):
             if not isinstance(store, (str, Path)):
                 raise invalid("store", store, "a folder path or None", TypeError)
             return Path(store), False
-        if self.checkpoint_dir is not None:
+        if self._checkpoint_dir is not None:
             # named by the run: fitting again with the same settings continues an interrupted solve
-            return Path(self.checkpoint_dir) / store_module.CHECKPOINT_DIR / f"{run_id}.zarr", True
+            return Path(self._checkpoint_dir) / store_module.CHECKPOINT_DIR / f"{run_id}.zarr", True
         return None, False
 
     def _reference(self, reference, X, y, model, resume, total, solver: dict):
         if reference is None and not solver["compute_error"]:
             return None
         if reference is None or (isinstance(reference, str) and reference == "serial"):
-            names = set(SerialTrainer._get_param_names()) - {"checkpoint_dir", "checkpoint_every", "verbose"}
+            names = set(SerialTrainer._get_param_names()) - {"checkpoint", "verbose"}
             serial = SerialTrainer(**{k: v for k, v in self.get_params(deep=False).items() if k in names})
             if resume is not None:
                 reference = serial.fit(X, y, steps=total, resume=resume)

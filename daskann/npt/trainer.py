@@ -13,8 +13,8 @@ from daskann import config
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._dask_input import is_dask_array
 from daskann._history import HistoryRecorder
-from daskann._options import GroupedOptions, OptionGroup, resolve_group
-from daskann._typing import Activation, FloatDType, Loss, NPTMode, NPTPipeline, Output
+from daskann._options import OptionGroup, resolve_group
+from daskann._typing import Activation, Loss, NPTMode, NPTPipeline
 from daskann._validation import check_choice, check_float, invalid
 from daskann.nn import MLP, SGD
 from daskann.npt.grid import ProcessGrid, parse_grid
@@ -66,7 +66,7 @@ class NPTEngineOptions(OptionGroup):
         self._store(locals())
 
 
-class NPTTrainer(GroupedOptions, BaseTrainer):
+class NPTTrainer(BaseTrainer):
     """Network-parallel training: every matrix product by Cannon's algorithm on a worker grid.
 
     Weights, biases, momentum and activations are cut into blocks that stay on
@@ -78,8 +78,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
 
     Parameters
     ----------
-    hidden_sizes, activation, output, loss, lr, momentum, batch_size, shuffle, seed, dtype, negative_slope,
-    eval_every, checkpoint_dir, checkpoint_every, verbose
+    hidden_sizes, activation, loss, lr, batch_size, epochs, steps, seed, verbose, network, sgd, checkpoint
         As :class:`daskann._base.BaseTrainer`.
     grid : "auto", "RxC" or (rows, cols)
         The process grid. ``"auto"`` measures the cluster and takes the grid
@@ -140,28 +139,23 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
 
     method = "npt"
     _reads_dask = True  # dask-array data is checked and read on the workers
-    _option_groups = {"engine": NPTEngineOptions}
+    _option_groups = {**BaseTrainer._option_groups, "engine": NPTEngineOptions}
 
     def __init__(
         self,
         hidden_sizes=(64,),
         *,
         activation: Activation = "relu",
-        output: Output = "linear",
         loss: Loss = "mse",
         lr=0.01,
-        momentum=0.0,
         batch_size=32,
         epochs=10,
         steps=None,
-        shuffle=True,
         seed=0,
-        dtype: FloatDType = "float64",
-        negative_slope=0.01,
-        eval_every=None,
-        checkpoint_dir=None,
-        checkpoint_every=None,
         verbose=0,
+        network=None,
+        sgd=None,
+        checkpoint=None,
         grid="auto",
         mode: NPTMode = "auto",
         engine=None,
@@ -218,7 +212,18 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         return workers
 
     # -- training ---------------------------------------------------------------------
-    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, init_model: MLP | None = None, resume=None):
+    def fit(
+        self,
+        X,
+        y,
+        *,
+        steps=None,
+        epochs=None,
+        validation_data=None,
+        eval_every=None,
+        init_model: MLP | None = None,
+        resume=None,
+    ):
         """Train on the grid from the initialisation (or ``init_model``, or a checkpoint).
 
         Parameters
@@ -232,6 +237,9 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             default the trainer's ``steps`` or ``epochs``.
         validation_data : (X_val, y_val), optional
             Evaluated on the grid at evaluation steps.
+        eval_every : int, optional
+            Validation every this many steps (and at the end), as Keras's
+            ``validation_freq``; by default once per epoch.
         init_model : MLP, optional
         resume : path, optional
             A checkpoint store or run folder, written by any trainer on any
@@ -241,7 +249,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         -------
         self
         """
-        settings = self._check_settings()
+        settings = self._check_settings(eval_every)
         npt = self._check_npt()
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
@@ -610,7 +618,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         )
         ckpt_steps = (
             frozenset(d for d in range(start + 1, stop + 1) if d == stop or (ckpt_every and d % ckpt_every == 0))
-            if self.checkpoint_dir is not None
+            if self._checkpoint_dir is not None
             else frozenset()
         )
         bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=start)
@@ -672,7 +680,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         def save(step, layout, write):
             extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
             attrs = store.checkpoint_attrs(config, step, order.get_state(), self._training_config(settings), extra)
-            path = store.write_block_group(store.checkpoint_path(self.checkpoint_dir, step), layout, write, attrs)
+            path = store.write_block_group(store.checkpoint_path(self._checkpoint_dir, step), layout, write, attrs)
             if step == stop:
                 self._final_store = path
             return path

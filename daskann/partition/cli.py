@@ -140,13 +140,13 @@ def make_probe(opts: dict):
     return PartitionTrainer(
         hidden,
         lr=opts["lr"],
-        momentum=opts["momentum"],
         batch_size=opts["batch_size"],
         k=opts["k"],
         split=_split_options(opts),
         merge=_merge_options(opts),
         seed=opts["seed"],
-        dtype=opts["dtype"],
+        network={"dtype": opts["dtype"]},
+        sgd={"momentum": opts["momentum"]},
     )
 
 

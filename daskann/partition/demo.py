@@ -39,17 +39,18 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
         hidden,
         loss=data.loss,
         lr=0.05,
-        momentum=0.9,
         batch_size=64,
         seed=0,
-        eval_every=eval_every,
+        sgd={"momentum": 0.9},
         k=2,
         merge={"combine": "mean", "noise": 0.02},
         split={"sub_steps": sub_steps},
         client=client,
     )
     start = time.perf_counter()
-    trainer.fit(data.X_train, data.y_train, steps=steps, validation_data=(data.X_val, data.y_val))
+    trainer.fit(
+        data.X_train, data.y_train, steps=steps, validation_data=(data.X_val, data.y_val), eval_every=eval_every
+    )
     return summarize(
         trainer, data, method="partition", seconds=time.perf_counter() - start, extra=partition_summary(trainer)
     )

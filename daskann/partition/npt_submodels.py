@@ -29,15 +29,7 @@ def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, 
     for spec in specs:
         for attempt in range(retries + 1):
             started = time.time()
-            trainer = NPTTrainer(
-                spec.hidden_sizes,
-                seed=spec.seed,
-                checkpoint_dir=spec.checkpoint_dir,
-                checkpoint_every=spec.checkpoint_every,
-                client=client,
-                **spec.settings,
-                **npt_options,
-            )
+            trainer = NPTTrainer(spec.hidden_sizes, client=client, **spec.trainer_arguments(), **npt_options)
             resume, resumed_from = None, 0
             if spec.checkpoint_dir is not None and store.list_checkpoints(spec.checkpoint_dir):
                 resume = spec.checkpoint_dir
@@ -46,7 +38,14 @@ def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, 
             try:
                 # parts of the NPT engine look for the current client; make it this one
                 with current_client(client):
-                    trainer.fit(data.X, data.y, steps=spec.steps, validation_data=data.validation, resume=resume)
+                    trainer.fit(
+                        data.X,
+                        data.y,
+                        steps=spec.steps,
+                        validation_data=data.validation,
+                        eval_every=spec.eval_every,
+                        resume=resume,
+                    )
             except Exception as exc:
                 failed[spec.index] = exc
                 continue

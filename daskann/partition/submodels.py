@@ -22,6 +22,7 @@ import numpy as np
 import xarray as xr
 
 from daskann import config
+from daskann._base import constructor_arguments
 from daskann.exceptions import SubModelError  # noqa: F401 (re-exported: its old home)
 from daskann.nn import MLP
 
@@ -36,7 +37,6 @@ SHARED_SETTINGS = (
     "shuffle",
     "dtype",
     "negative_slope",
-    "eval_every",
 )
 
 
@@ -49,8 +49,19 @@ class SubModelSpec:
     seed: int
     settings: dict
     steps: int
+    eval_every: int | None = None
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
+
+    def trainer_arguments(self) -> dict:
+        """The sub-model trainer's keywords: the shared settings, its seed and run folder, silent."""
+        return constructor_arguments(
+            self.settings,
+            seed=self.seed,
+            verbose=0,
+            checkpoint_dir=self.checkpoint_dir,
+            checkpoint_every=self.checkpoint_every,
+        )
 
 
 @dataclass
@@ -119,20 +130,13 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
     from daskann.serial import SerialTrainer
 
     started = time.time()
-    trainer = SerialTrainer(
-        spec.hidden_sizes,
-        seed=spec.seed,
-        checkpoint_every=spec.checkpoint_every,
-        verbose=0,
-        checkpoint_dir=spec.checkpoint_dir,
-        **spec.settings,
-    )
+    trainer = SerialTrainer(spec.hidden_sizes, **spec.trainer_arguments())
     resume, resumed_from = None, 0
     if spec.checkpoint_dir is not None and store.list_checkpoints(spec.checkpoint_dir):
         resume = spec.checkpoint_dir
         resumed_from = store.load_checkpoint(resume).step
     t0, c0 = time.perf_counter(), time.thread_time()
-    trainer.fit(X, y, steps=spec.steps, validation_data=validation, resume=resume)
+    trainer.fit(X, y, steps=spec.steps, validation_data=validation, eval_every=spec.eval_every, resume=resume)
     seconds, cpu_seconds = time.perf_counter() - t0, time.thread_time() - c0
     if spec.checkpoint_dir is not None:
         store.save_history(trainer.history_, Path(spec.checkpoint_dir) / "history.zarr")

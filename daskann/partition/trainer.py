@@ -14,11 +14,11 @@ import numpy as np
 import xarray as xr
 
 from daskann import store
-from daskann._base import BaseTrainer
+from daskann._base import BaseTrainer, constructor_arguments
 from daskann._dask_input import is_dask_array, materialize, remote_call
 from daskann._history import HistoryRecorder
-from daskann._options import GroupedOptions, OptionGroup, group_errors, resolve_group
-from daskann._typing import Activation, Combine, FloatDType, Loss, Output, PartitionMode, SubTrainer
+from daskann._options import OptionGroup, group_errors, resolve_group
+from daskann._typing import Activation, Combine, Loss, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.cluster import current_client
 from daskann.nn import MLP
@@ -117,7 +117,7 @@ _GROUP_OF = {
 }
 
 
-class PartitionTrainer(GroupedOptions, BaseTrainer):
+class PartitionTrainer(BaseTrainer):
     """Partitioned pre-training (Miranda and Von Zuben, arXiv:1511.02954).
 
     Each hidden layer's units are cut into ``k`` groups; sub-model ``g`` is
@@ -134,15 +134,15 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
     ----------
     hidden_sizes : sequence of int
         Hidden widths of the full network; each must have at least ``k`` units.
-    activation, output, loss, lr, momentum, batch_size, shuffle, seed, dtype, negative_slope, eval_every, verbose
+    activation, loss, lr, batch_size, epochs, steps, seed, verbose, network, sgd
         As :class:`daskann.SerialTrainer`; sub-models and fine-tuning share them.
-    checkpoint_dir : path, optional
-        Run folder: fine-tuning checkpoints in ``checkpoints/`` (as the serial
+    checkpoint : path, dict or CheckpointOptions, optional
+        The run folder (``dir``): fine-tuning checkpoints in ``checkpoints/`` (as the serial
         trainer), each sub-model's checkpoints and history in
         ``partition/submodel-<g>/``, the merge record in ``partition/``.
         ``fit(resume=...)`` skips finished sub-models and continues the
-        unfinished ones and the fine-tuning from their last checkpoints.
-    checkpoint_every : int, optional
+        unfinished ones and the fine-tuning from their last checkpoints;
+        ``every``: checkpoint every this many steps in every phase.
     k : int
         Number of sub-models, from 2 to the narrowest hidden layer.
     split : dict or PartitionSplitOptions, optional
@@ -206,28 +206,23 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
 
     method = "partition"
     _reads_dask = True  # dask-array data is checked and read on the workers
-    _option_groups = {"split": PartitionSplitOptions, "merge": PartitionMergeOptions}
+    _option_groups = {**BaseTrainer._option_groups, "split": PartitionSplitOptions, "merge": PartitionMergeOptions}
 
     def __init__(
         self,
         hidden_sizes=(64,),
         *,
         activation: Activation = "relu",
-        output: Output = "linear",
         loss: Loss = "mse",
         lr=0.01,
-        momentum=0.0,
         batch_size=32,
         epochs=10,
         steps=None,
-        shuffle=True,
         seed=0,
-        dtype: FloatDType = "float64",
-        negative_slope=0.01,
-        eval_every=None,
-        checkpoint_dir=None,
-        checkpoint_every=None,
         verbose=0,
+        network=None,
+        sgd=None,
+        checkpoint=None,
         k=2,
         split=None,
         merge=None,
@@ -236,8 +231,8 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
         self._store_params(locals())
 
     # -- checks -------------------------------------------------------------
-    def _check_settings(self) -> dict:
-        s = super()._check_settings()
+    def _check_settings(self, eval_every=None) -> dict:
+        s = super()._check_settings(eval_every)
         s["k"] = check_hidden_k(self.k, s["hidden_sizes"])
         with group_errors(_GROUP_OF):  # a bad option is named as given: split['mode'], merge['noise']
             s.update(self._check_groups())
@@ -295,7 +290,7 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
         return attrs
 
     # -- training -----------------------------------------------------------
-    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, resume=None):
+    def fit(self, X, y, *, steps=None, epochs=None, validation_data=None, eval_every=None, resume=None):
         """Train the sub-models, merge them and fine-tune the full network.
 
         Parameters
@@ -311,8 +306,11 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
         validation_data : (X_val, y_val), optional
             Evaluated every ``eval_every`` steps in every phase; the sub-models'
             diversity is measured on it.
+        eval_every : int, optional
+            Validation every this many steps (and at the end); by default once
+            per epoch.
         resume : path, optional
-            A run folder written with ``checkpoint_dir``: finished sub-models
+            A run folder written with ``checkpoint``: finished sub-models
             are loaded, unfinished ones and the fine-tuning continue.
 
         Returns
@@ -325,7 +323,7 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
             A sub-model failed for good; the others are kept in ``submodels_``.
         """
         settings, data, total, sub_total, partition, run_dir = self._prepare(
-            X, y, steps, epochs, validation_data, resume, fine_tune=True
+            X, y, steps, epochs, validation_data, resume, fine_tune=True, eval_every=eval_every
         )
         from daskann.cluster import resolve_client
 
@@ -356,7 +354,7 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
         self.history_.attrs.update(self._run_attrs())
         return self
 
-    def fit_submodels(self, X, y, *, steps=None, epochs=None, validation_data=None):
+    def fit_submodels(self, X, y, *, steps=None, epochs=None, validation_data=None, eval_every=None):
         """Only the first phase: train the ``k`` sub-models, without merging or fine-tuning.
 
         Sets ``submodels_``, ``submodel_results_``, ``submodel_history_``,
@@ -365,7 +363,7 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
 
         Parameters
         ----------
-        X, y, validation_data
+        X, y, validation_data, eval_every
             As :meth:`fit`.
         steps, epochs : int, optional
             Length of each sub-model; by default ``split``'s ``sub_steps`` or ``sub_epochs``, else the
@@ -376,7 +374,7 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
         self
         """
         settings, data, _, sub_total, partition, run_dir = self._prepare(
-            X, y, steps, epochs, validation_data, None, fine_tune=False
+            X, y, steps, epochs, validation_data, None, fine_tune=False, eval_every=eval_every
         )
         from daskann.cluster import resolve_client
 
@@ -387,9 +385,9 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
         self._measure_diversity(settings, data)
         return self
 
-    def _prepare(self, X, y, steps, epochs, validation_data, resume, *, fine_tune: bool):
+    def _prepare(self, X, y, steps, epochs, validation_data, resume, *, fine_tune: bool, eval_every=None):
         """Every check, before any task: settings, data, lengths, split, run folder."""
-        settings = self._check_settings()
+        settings = self._check_settings(eval_every)
         data = self._check_data(X, y, validation_data, settings)
         order = self._batch_order(settings, data.n_samples)
         total = None
@@ -450,8 +448,8 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
             if not isinstance(resume, (str, Path)):
                 raise invalid("resume", resume, "a run folder path", TypeError)
             run_dir = Path(resume)
-            if self.checkpoint_dir is not None and Path(self.checkpoint_dir).resolve() != run_dir.resolve():
-                raise invalid("resume", str(resume), f"the run folder checkpoint_dir={str(self.checkpoint_dir)!r}")
+            if self._checkpoint_dir is not None and Path(self._checkpoint_dir).resolve() != run_dir.resolve():
+                raise invalid("resume", str(resume), f"the run folder checkpoint_dir={str(self._checkpoint_dir)!r}")
             store.RunLock(run_dir).check_free("resume")
             config = run_dir / _STATE / "config.json"
             if not config.is_file():
@@ -465,9 +463,9 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
                     f"resume={str(resume)!r} was run with other settings: {', '.join(changed)} differ"
                 )
             return run_dir
-        if self.checkpoint_dir is None:
+        if self._checkpoint_dir is None:
             return None
-        run_dir = Path(self.checkpoint_dir)
+        run_dir = Path(self._checkpoint_dir)
         if (run_dir / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(run_dir):
             raise invalid("checkpoint_dir", str(run_dir), "a folder without checkpoints (pass resume to continue it)")
         self._fresh_record = record  # written by _claim_run_dir, under the run lock
@@ -500,6 +498,7 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
                 seed=self.seeds_[g],
                 settings=shared,
                 steps=sub_total,
+                eval_every=settings["eval_every"],
                 checkpoint_dir=None if run_dir is None else str(submodel_dir(run_dir, g)),
                 checkpoint_every=settings["checkpoint_every"],
             )
@@ -621,19 +620,17 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
         resume = None
         if run_dir is not None and store.list_checkpoints(run_dir):
             resume = store.find_checkpoint(run_dir)  # a checkpoint store: its own history is not replayed
+        start = {"resume": resume} if resume is not None else {"init_model": merged}
+        fit_kwargs = {"steps": total, "eval_every": settings["eval_every"], **start}
         try:
             # the NPT engine looks for the current client in places; make it this one
             with current_client(client):
                 if is_dask_array(data.X) and not trainer._reads_dask and run_dir is None:
                     # serial fine-tuning of dask-array data runs on a worker, where the data is read (with a
                     # run folder it runs here: the folder's lock belongs to this process)
-                    trainer = remote_call(
-                        _fit_on_worker, trainer, data.X, data.y, data.validation, total, resume, merged
-                    )
-                elif resume is not None:
-                    trainer.fit(data.X, data.y, steps=total, validation_data=data.validation, resume=resume)
+                    trainer = remote_call(_fit_on_worker, trainer, data.X, data.y, data.validation, fit_kwargs)
                 else:
-                    trainer.fit(data.X, data.y, steps=total, validation_data=data.validation, init_model=merged)
+                    trainer.fit(data.X, data.y, validation_data=data.validation, **fit_kwargs)
         finally:
             self._finetuner = trainer
             if hasattr(trainer, "model_"):
@@ -642,8 +639,8 @@ class PartitionTrainer(GroupedOptions, BaseTrainer):
                 self.history_ = self._timeline(trainer.history_, self._finetune_offset)
 
     def _make_finetuner(self, client, settings, run_dir):
-        kwargs = {name: settings[name] for name in SHARED_SETTINGS}
-        kwargs.update(
+        kwargs = constructor_arguments(
+            {name: settings[name] for name in SHARED_SETTINGS},
             dtype=settings["dtype"].name,
             seed=settings["seed"],
             verbose=self.verbose,
@@ -724,12 +721,9 @@ def _shared_copies(client, data, prefix: str):
     return futures[0], futures[1], (tuple(futures[2:]) if data.validation is not None else None)
 
 
-def _fit_on_worker(trainer, X, y, validation, steps: int, resume, init_model):
+def _fit_on_worker(trainer, X, y, validation, fit_kwargs: dict):
     """Fit ``trainer`` here and return it without its copy of the data (the client needs only the results)."""
-    if resume is not None:
-        trainer.fit(X, y, steps=steps, validation_data=validation, resume=resume)
-    else:
-        trainer.fit(X, y, steps=steps, validation_data=validation, init_model=init_model)
+    trainer.fit(X, y, validation_data=validation, **fit_kwargs)
     trainer.__dict__.pop("_data", None)
     return trainer
 

@@ -127,13 +127,14 @@ def _pilot_net(net, steps: int, cluster: ClusterSpec, *, runs: float, budget: fl
     rng = np.random.default_rng(0)
     X = rng.standard_normal((net.n_samples, net.sizes[0]))
     y = rng.standard_normal((net.n_samples, net.sizes[-1]))
+    dtype = "float32" if net.itemsize == 4 else "float64"
     settings = {
         "lr": 1e-3,
-        "momentum": 0.9 if net.momentum else 0.0,
         "batch_size": net.batch_size,
-        "dtype": "float32" if net.itemsize == 4 else "float64",
+        "network": {"dtype": dtype},
+        "sgd": {"momentum": 0.9 if net.momentum else 0.0},
     }
-    return net, X.astype(settings["dtype"]), y.astype(settings["dtype"]), settings
+    return net, X.astype(dtype), y.astype(dtype), settings
 
 
 def _mgrit_task_cost(

@@ -170,7 +170,13 @@ def _problem(opts: dict, settings: dict):
         momentum=bool(opts["momentum"]),
         name=name or "-".join(map(str, hidden)),
     )
-    train = {"lr": opts["lr"], "momentum": opts["momentum"], "batch_size": batch, "loss": loss, "dtype": opts["dtype"]}
+    train = {
+        "lr": opts["lr"],
+        "batch_size": batch,
+        "loss": loss,
+        "network": {"dtype": opts["dtype"]},
+        "sgd": {"momentum": opts["momentum"]},
+    }
     return net, hidden, X, y, train
 
 
