@@ -318,14 +318,14 @@ CASES: list[Case] = [
     Case(
         "data-labels-continuous",
         "data",
-        lambda e: _fit(_npt(e, loss="cross_entropy", output="softmax"), e, y=e.y[:, 0]),
+        lambda e: _fit(_npt(e, loss="cross_entropy"), e, y=e.y[:, 0]),
         ValueError,
         r"Unknown label type: continuous",
     ),
     Case(
         "data-labels-2d",
         "data",
-        lambda e: _fit(_partition(e, loss="cross_entropy", output="softmax"), e, y=np.c_[e.labels, e.labels]),
+        lambda e: _fit(_partition(e, loss="cross_entropy"), e, y=np.c_[e.labels, e.labels]),
         ValueError,
         r"y should be a 1d array",
     ),

@@ -97,10 +97,9 @@ def test_dask_input_equals_numpy_input(name, loss, problem, client2, client4, tm
     settings = {
         "hidden_sizes": (8,),
         "batch_size": 16,
-        "momentum": 0.5,
         "loss": loss,
-        "output": "linear" if loss == "mse" else "softmax",
-        "dtype": "float64",
+        "network": {"output": "linear" if loss == "mse" else "softmax", "dtype": "float64"},
+        "sgd": {"momentum": 0.5},
         **options,
     }
     if name == "partition-npt":
@@ -322,7 +321,7 @@ def test_predict_on_dask_x_is_lazy_and_equals_numpy(name, loss, problem, client2
     target = y if loss == "mse" else labels
     _, cls, options = next(t for t in _predictors(client2, client4) if t[0] == name)
     output = "linear" if loss == "mse" else "softmax"
-    trainer = cls((8,), batch_size=16, loss=loss, output=output, **options).fit(X, target, steps=8)
+    trainer = cls((8,), batch_size=16, loss=loss, network={"output": output}, **options).fit(X, target, steps=8)
     dX, dy, _, _ = _from_zarr(tmp_path, X, target)
     predicted = trainer.predict(dX)
     # lazy, chunked along X's rows, and equal to the numpy path: labels exactly, values to round-off (BLAS

@@ -211,7 +211,7 @@ def test_client_holds_no_block_of_a_net_eight_times_its_cap(client4, tmp_path):
     own = state_bytes / 4
     assert max(peaks.values()) < own + 3 * block_bytes + 2 * 2**20
     assert resumed.__dict__.get("_model") is None
-    reference = SerialTrainer(sizes[1:-1], **{k: kwargs[k] for k in ("lr", "momentum", "batch_size", "seed")})
+    reference = SerialTrainer(sizes[1:-1], **{k: kwargs[k] for k in ("lr", "sgd", "batch_size", "seed")})
     assert _max_error(resumed, reference.fit(X, y, steps=4)) < TOL
 
 
@@ -335,5 +335,5 @@ def test_resident_client_holds_no_block_of_a_net_eight_times_its_cap(client4, tm
     )
     assert client_peak < cap
     assert resumed.__dict__.get("_model") is None
-    reference = SerialTrainer(sizes[1:-1], **{k: kwargs[k] for k in ("lr", "momentum", "batch_size", "seed")})
+    reference = SerialTrainer(sizes[1:-1], **{k: kwargs[k] for k in ("lr", "sgd", "batch_size", "seed")})
     assert _max_error(resumed, reference.fit(X, y, steps=4)) < TOL

@@ -27,7 +27,7 @@ def run_demo(client) -> dict:
     grid = "1x2" if n_workers >= 2 else "1x1"
     mode = "resident" if resident_available() else "graph"
     steps = 100 if mode == "resident" else 20
-    settings = {"loss": "cross_entropy", "lr": 0.1, "momentum": 0.9, "batch_size": 32, "seed": 0}
+    settings = {"loss": "cross_entropy", "lr": 0.1, "batch_size": 32, "seed": 0, "sgd": {"momentum": 0.9}}
     start = time.perf_counter()
     trainer = NPTTrainer((64,), grid=grid, mode=mode, client=client, **settings).fit(
         data.X_train, data.y_train, steps=steps, validation_data=(data.X_val, data.y_val)

@@ -200,7 +200,7 @@ class PartitionTrainer(BaseTrainer):
     --------
     >>> from daskann.data import load_digits
     >>> X, y = load_digits()
-    >>> trainer = PartitionTrainer((64, 64), loss="cross_entropy", lr=0.1, momentum=0.9, k=2, merge={"noise": 0.0})
+    >>> trainer = PartitionTrainer((64, 64), loss="cross_entropy", lr=0.1, k=2, merge={"noise": 0.0})
     >>> trainer.fit(X, y, steps=100, validation_data=(X, y))  # doctest: +SKIP
     """
 
