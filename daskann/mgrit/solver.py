@@ -47,8 +47,8 @@ from distributed import Client
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.cluster import worker_addresses
+from daskann.exceptions import MGRITDiverged, PropagatorError
 from daskann.mgrit import _store, workmodel
-from daskann.mgrit._errors import MGRITDiverged, PropagatorError
 from daskann.mgrit._kernels import Context, StepFailed
 from daskann.mgrit._levels import Hierarchy, check_hierarchy
 from daskann.mgrit._plan import block_sizes

@@ -25,8 +25,8 @@ from daskann._typing import Activation, CycleType, FloatDType, Loss, MGRITSchedu
 from daskann._validation import check_choice, invalid
 from daskann.cluster import check_worker_memory, resolve_client
 from daskann.data import BatchOrder
+from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit import _adapt
-from daskann.mgrit._errors import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.problem import StateLayout
 from daskann.mgrit.propagators import SGDPropagator

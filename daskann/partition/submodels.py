@@ -22,7 +22,6 @@ import numpy as np
 import xarray as xr
 
 from daskann import config
-from daskann.exceptions import SubModelError  # noqa: F401 (re-exported: its old home)
 from daskann.nn import MLP
 
 #: settings a sub-model shares with the full network's trainer

@@ -21,13 +21,13 @@ from daskann._options import GroupedOptions, OptionGroup, group_errors, resolve_
 from daskann._typing import Activation, Combine, FloatDType, Loss, Output, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.cluster import current_client
+from daskann.exceptions import SubModelError
 from daskann.nn import MLP
 from daskann.partition.diversity import submodel_diversity
 from daskann.partition.merge import check_combine, check_noise, merge_submodels
 from daskann.partition.split import Partition, check_hidden_k, split_network
 from daskann.partition.submodels import (
     SHARED_SETTINGS,
-    SubModelError,
     SubModelSpec,
     merge_seed,
     run_submodels,
