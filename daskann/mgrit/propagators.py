@@ -41,11 +41,13 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+from typing import get_args
 
 import numpy as np
 
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, remote_call
+from daskann._typing import CoarsePropagator
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.data import BatchOrder
 from daskann.mgrit.problem import Propagator
@@ -144,7 +146,7 @@ class SGDPropagator(Propagator):
         self.loss = check_choice("loss", loss, LOSSES)
         self.order = order
         self.optimizer = SGD(lr, momentum)
-        if not (callable(coarse) or coarse in ("scaled", "repeat")):
+        if not (callable(coarse) or coarse in get_args(CoarsePropagator)):
             raise invalid(
                 "coarse",
                 coarse,

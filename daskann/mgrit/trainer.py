@@ -12,6 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from daskann.serial import SerialTrainer
 #: fewest steps a coarsest level keeps (the solver's ``min_coarse``, XBraid's ``SetMinCoarse``)
 MIN_COARSE = 2
 
-SCHEDULERS = ("distributed", "threads", "sync", "inprocess")
+SCHEDULERS = get_args(MGRITScheduler)
 
 
 @dataclass

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import get_args
 
 import numpy as np
 
+from daskann._typing import Combine
 from daskann._validation import check_choice, check_float, invalid
 from daskann.nn import MLP
 from daskann.partition.split import Partition
 
-COMBINES = ("mean", "sum")
+COMBINES = get_args(Combine)
 
 
 def check_combine(combine) -> str:
@@ -28,7 +29,7 @@ def merge_submodels(
     partition: Partition,
     submodels: Sequence[MLP],
     *,
-    combine: Literal["mean", "sum"] = "mean",
+    combine: Combine = "mean",
     noise: float = 0.02,
     seed=0,
 ) -> MLP:
@@ -120,7 +121,7 @@ def merge_submodels(
     )
 
 
-def combine_logits(submodels: Sequence[MLP], X, *, combine: Literal["mean", "sum"] = "mean") -> np.ndarray:
+def combine_logits(submodels: Sequence[MLP], X, *, combine: Combine = "mean") -> np.ndarray:
     """The mean (or sum) of the sub-models' logits on ``X``: what a noise-free merge computes."""
     combine = check_combine(combine)
     total = sum(sub.forward(X) for sub in submodels)

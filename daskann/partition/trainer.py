@@ -9,6 +9,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import xarray as xr
@@ -35,8 +36,8 @@ from daskann.partition.submodels import (
     submodel_seeds,
 )
 
-MODES = ("parallel", "sequential")
-SUB_TRAINERS = ("serial", "npt")
+MODES = get_args(PartitionMode)
+SUB_TRAINERS = get_args(SubTrainer)
 PHASES = ("submodel", "merge", "finetune")
 _STATE = "partition"  # folder of a run's partition state
 
