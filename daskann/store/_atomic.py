@@ -8,6 +8,7 @@ CRC32C so a flipped byte fails loudly.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import itertools
@@ -90,15 +91,29 @@ def temporary_sibling(target: Path) -> Path:
     return target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
 
 
-def write_array_group(path, arrays: dict[str, np.ndarray], attrs: dict) -> Path:
-    """Write named arrays and JSON attributes as one zarr group, atomically.
+@contextlib.contextmanager
+def staged(path):
+    """``(target, tmp)``: a store is written to ``tmp`` beside ``target``; removed if the write fails.
 
-    The manifest of array digests is added to ``attrs["daskann"]["manifest"]``.
+    A write that runs out of room is raised as :class:`DiskFullError`.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(target)
     try:
+        yield target, tmp
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reraise_if_full(exc, target)
+        raise
+
+
+def write_array_group(path, arrays: dict[str, np.ndarray], attrs: dict) -> Path:
+    """Write named arrays and JSON attributes as one zarr group, atomically.
+
+    The manifest of array digests is added to ``attrs["daskann"]["manifest"]``.
+    """
+    with staged(path) as (target, tmp):
         group = zarr.open_group(str(tmp), mode="w-")
         manifest = {}
         for name, array in arrays.items():
@@ -113,10 +128,6 @@ def write_array_group(path, arrays: dict[str, np.ndarray], attrs: dict) -> Path:
             z[...] = array
             manifest[name] = {"shape": list(array.shape), "dtype": array.dtype.str, "sha256": array_digest(array)}
         commit_manifest(group, attrs, manifest, tmp, target)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        reraise_if_full(exc, target)
-        raise
     return target
 
 

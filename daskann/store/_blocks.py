@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,7 @@ from daskann.store._atomic import (
     block_regions,
     commit_manifest,
     open_group,
-    reraise_if_full,
-    temporary_sibling,
+    staged,
     verify_array,
 )
 
@@ -63,10 +61,7 @@ def write_block_group(path, layout: dict[str, BlockArray], write: Callable[[Path
     and returns ``{name: {"i.j": sha256}}``; the manifest of those digests is then added to the
     attributes, last, and the group renamed into place. A store whose ``write`` fails is removed.
     """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(target)
-    try:
+    with staged(path) as (target, tmp):
         group = zarr.open_group(str(tmp), mode="w-")
         for name, spec in layout.items():
             group.create_array(
@@ -88,10 +83,6 @@ def write_block_group(path, layout: dict[str, BlockArray], write: Callable[[Path
                 "blocks": blocks,
             }
         commit_manifest(group, attrs, manifest, tmp, target)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        reraise_if_full(exc, target)
-        raise
     return target
 
 
