@@ -512,10 +512,6 @@ def _json_safe(settings: dict) -> dict:
     return json.loads(json.dumps(settings, default=str))
 
 
-def echo_err(message: str) -> None:
-    click.echo(message, err=True)
-
-
 __all__ = [
     "bench_options",
     "bench_output_option",

@@ -1,7 +1,7 @@
 """Option strings of the public signatures, as ``Literal`` types.
 
-Each alias lists exactly what the runtime check accepts (see the tuples named
-beside it), so a type checker and the error message agree.
+The runtime checks accept exactly these: their tuples (named beside each alias)
+are built with ``typing.get_args``, so a type checker and the error message agree.
 """
 
 from __future__ import annotations

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import get_args
 
 import numpy as np
 
-FLOAT_DTYPES = ("float32", "float64")
+from daskann._typing import FloatDType
+
+FLOAT_DTYPES = get_args(FloatDType)
 
 
 def invalid(name: str, value, expected: str, error=ValueError) -> Exception:

@@ -162,11 +162,7 @@ def local_cluster(
     The workers sample their threads for the dashboard's Profile page every
     ``daskann.cluster.worker-profile-interval`` (100 ms; Dask's default is 10 ms).
     """
-    for fixed in ("host", "processes", "dashboard_address", "ip"):
-        if fixed in kwargs:
-            raise invalid(
-                fixed, kwargs[fixed], "not set: daskann's embedded cluster is process-based on 127.0.0.1", TypeError
-            )
+    _refuse_fixed_options(kwargs)
     threads_per_worker = check_int("threads_per_worker", threads_per_worker)
     n_workers = check_int("n_workers", n_workers if n_workers is not None else _default_workers(threads_per_worker))
     # each nanny hands its worker this configuration (workers added later by scale() too)
@@ -193,6 +189,15 @@ def local_cluster(
             **kwargs,
         )
     return cluster
+
+
+def _refuse_fixed_options(kwargs: dict) -> None:
+    """Refuse the :class:`distributed.LocalCluster` options the embedded cluster sets itself."""
+    for fixed in ("host", "processes", "dashboard_address", "ip"):
+        if fixed in kwargs:
+            raise invalid(
+                fixed, kwargs[fixed], "not set: daskann's embedded cluster is process-based on 127.0.0.1", TypeError
+            )
 
 
 def _default_workers(threads_per_worker: int) -> int:
@@ -349,7 +354,22 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
     spec = load_profile(profile)
     where = spec["path"]
     options = {**spec["cluster"], **overrides}
+    _check_one_thread_per_process(options, where)
+    scheduler_options = {
+        **DEFAULT_SCHEDULER_OPTIONS,
+        **(spec["cluster"].get("scheduler_options") or {}),
+        **(overrides.get("scheduler_options") or {}),
+    }
+    _check_dashboard(scheduler_options.get("dashboard_address"))
+    options["scheduler_options"] = scheduler_options
+    _set_security(options, security, spec["security"])
+    options["job_script_prologue"] = _job_prologue(options.pop("job_script_prologue", None) or [])
+    cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[spec["kind"]])
+    return cls(**options), spec["scale"]
 
+
+def _check_one_thread_per_process(options: dict, where) -> None:
+    """Refuse a profile whose jobs run other than one worker process per core (``processes`` defaults to ``cores``)."""
     cores = options.get("cores")
     if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
         raise invalid(f"cores in {where}", cores, "a positive integer: worker processes per job")
@@ -359,16 +379,11 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
             f"processes in {where}", processes, f"equal to cores ({cores}): daskann runs one thread per worker process"
         )
 
-    scheduler_options = {
-        **DEFAULT_SCHEDULER_OPTIONS,
-        **(spec["cluster"].get("scheduler_options") or {}),
-        **(overrides.get("scheduler_options") or {}),
-    }
-    _check_dashboard(scheduler_options.get("dashboard_address"))
-    options["scheduler_options"] = scheduler_options
 
+def _set_security(options: dict, security, profile_security: bool) -> None:
+    """TLS options of a jobqueue cluster: ``security`` (else the options', else the profile's) and its key folder."""
     if security is None:
-        security = options.pop("security", None) or spec["security"] or None
+        security = options.pop("security", None) or profile_security or None
     else:
         options.pop("security", None)
     if security:
@@ -379,15 +394,18 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
     elif "shared_temp_directory" in options:
         options["shared_temp_directory"] = str(Path(os.path.expandvars(options["shared_temp_directory"])).expanduser())
 
-    # worker environment: one BLAS thread each and one malloc arena, as on the embedded cluster
-    prologue = [str(line) for line in options.pop("job_script_prologue", None) or []]
+
+def _job_prologue(lines) -> list[str]:
+    """A job script's prologue with the worker environment daskann sets, as on the embedded cluster.
+
+    One BLAS thread each and one malloc arena, then daskann's Dask settings as environment
+    variables (``DASK_DISTRIBUTED__WORKER__...``), read by the job's nanny.
+    """
+    prologue = [str(line) for line in lines]
     prologue += [f"export {k}={v}" for k, v in WORKER_ENVIRON.items()]
-    # Dask settings as environment variables (DASK_DISTRIBUTED__WORKER__...), read by the job's nanny
     for key, value in _worker_config().items():
         prologue.append(f"export DASK_{key.upper().replace('.', '__').replace('-', '_')}={value}")
-    options["job_script_prologue"] = prologue
-    cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[spec["kind"]])
-    return cls(**options), spec["scale"]
+    return prologue
 
 
 def client(
@@ -411,13 +429,13 @@ def client(
     profile : str or path, optional
         Name of a shipped profile (``"slurm"``, ``"pbs"``) or a YAML path.
     n_workers : int, optional
-        Workers of the embedded cluster (default: one per core), or jobs to
-        start for a profile (default: the profile's ``scale``).
+        Workers of the embedded cluster (default: one per core), or jobs to start for a profile
+        (default: the profile's ``scale``).
     threads_per_worker : int
         Threads per embedded worker; 1 keeps results reproducible.
     security : distributed.security.Security or bool, optional
-        TLS credentials for ``tls://`` addresses; for an embedded cluster or a
-        profile, ``True`` means a temporary self-signed certificate.
+        TLS credentials for ``tls://`` addresses; for an embedded cluster or a profile, ``True``
+        means a temporary self-signed certificate.
     insecure : bool
         Accept a plain ``tcp://`` address that is not loopback.
     timeout : float, optional
@@ -431,51 +449,59 @@ def client(
     Returns
     -------
     distributed.Client
-        Close it with :func:`close`, which also closes any cluster this
-        function started.
+        Close it with :func:`close`, which also closes any cluster this function started.
 
     Raises
     ------
     ConnectionError
-        No scheduler at ``address`` answered within ``timeout`` seconds, or the
-        TLS handshake failed.
+        No scheduler at ``address`` answered within ``timeout`` seconds, or the TLS handshake failed.
     """
     if address is not None and profile is not None:
         raise invalid("address/profile", (address, profile), "one of address or profile, not both")
-    if timeout is None:
-        timeout = config.seconds("cluster.connect-timeout")
+    timeout = config.seconds("cluster.connect-timeout") if timeout is None else timeout
     timeout = check_float("timeout", timeout, minimum=0.0, min_inclusive=False)
     if address is not None:
-        if isinstance(security, bool):
-            raise invalid("security", security, "a Security object (or None) when connecting to an address", TypeError)
-        address = check_address(address, security=security, insecure=insecure)
-        try:
-            c = Client(address, security=security, timeout=timeout)
-        except (OSError, TimeoutError) as exc:
-            raise ConnectionError(
-                f"address={address!r}: could not connect to a Dask scheduler within {timeout:g} s "
-                f"({type(exc).__name__}: {exc})"
-            ) from exc
+        c = _connect(address, security=security, insecure=insecure, timeout=timeout)
     else:
-        if profile is not None:
-            cluster, scale = jobqueue_cluster(profile, security=security)
-            if n_workers is not None:
-                scale = {"jobs": check_int("n_workers", n_workers)}
-        else:
-            cluster = local_cluster(
-                n_workers, threads_per_worker=threads_per_worker, dashboard=dashboard, security=security
-            )
-            scale = None
-        try:
-            if scale:
-                cluster.scale(**scale)
-            c = Client(cluster, timeout=timeout)
-        except BaseException:
-            cluster.close()
-            raise
-        c._daskann_owns_cluster = True
+        c = _start_cluster(profile, n_workers, threads_per_worker, security, dashboard, timeout)
     if not quiet and dashboard:
         log_dashboard(c)
+    return c
+
+
+def _connect(address: str, *, security, insecure: bool, timeout: float) -> Client:
+    """A client of the scheduler at ``address``, checked first (TLS, or loopback unless ``insecure``)."""
+    if isinstance(security, bool):
+        raise invalid("security", security, "a Security object (or None) when connecting to an address", TypeError)
+    address = check_address(address, security=security, insecure=insecure)
+    try:
+        return Client(address, security=security, timeout=timeout)
+    except (OSError, TimeoutError) as exc:
+        raise ConnectionError(
+            f"address={address!r}: could not connect to a Dask scheduler within {timeout:g} s "
+            f"({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def _start_cluster(profile, n_workers, threads_per_worker: int, security, dashboard: bool, timeout: float) -> Client:
+    """A client of a cluster it starts (a profile's, else an embedded one); :func:`close` closes both."""
+    if profile is not None:
+        cluster, scale = jobqueue_cluster(profile, security=security)
+        if n_workers is not None:
+            scale = {"jobs": check_int("n_workers", n_workers)}
+    else:
+        cluster = local_cluster(
+            n_workers, threads_per_worker=threads_per_worker, dashboard=dashboard, security=security
+        )
+        scale = None
+    try:
+        if scale:
+            cluster.scale(**scale)
+        c = Client(cluster, timeout=timeout)
+    except BaseException:
+        cluster.close()
+        raise
+    c._daskann_owns_cluster = True
     return c
 
 

@@ -173,7 +173,7 @@ def _full_fit(make, env, **kwargs):
     from unittest import mock
 
     usage = shutil.disk_usage(env.tmp)._replace(free=1000)
-    with mock.patch("daskann.store.shutil.disk_usage", return_value=usage):
+    with mock.patch("daskann.store._run_dir.shutil.disk_usage", return_value=usage):
         _fit(make(env, **kwargs), env, steps=64)
 
 

@@ -30,20 +30,6 @@ BUILTIN_BASE = {
     "WorkerLost": RuntimeError,
 }
 
-#: the modules the errors lived in before; importing them from there must keep working
-OLD_HOMES = {
-    "daskann": ["DaskannError", "StoreError", "TrainingDiverged"],
-    "daskann._base": ["TrainingDiverged"],
-    "daskann.store": ["DamagedStoreError", "DiskFullError", "StoreError"],
-    "daskann.mgrit": ["MGRITDiverged", "MGRITNotConverged", "PropagatorError"],
-    "daskann.mgrit._errors": ["MGRITDiverged", "MGRITNotConverged", "PropagatorError"],
-    "daskann.partition": ["SubModelError"],
-    "daskann.partition.submodels": ["SubModelError"],
-    "daskann.npt.resident": ["ResidentError"],
-    "daskann.npt._exchange": ["ExchangeAborted", "ExchangeTimeout"],
-    "daskann.npt._graph_run": ["WorkerLost"],
-}
-
 
 def test_every_public_error_derives_from_daskann_error():
     names = [n for n in exceptions.__all__ if n != "DaskannError"]
@@ -67,13 +53,6 @@ def test_every_error_class_in_the_package_derives_from_daskann_error():
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if issubclass(obj, BaseException) and obj.__module__.startswith("daskann"):
                 assert issubclass(obj, DaskannError), f"{obj.__module__}.{obj.__name__}"
-
-
-@pytest.mark.parametrize("module", sorted(OLD_HOMES))
-def test_errors_import_from_their_old_modules(module):
-    mod = importlib.import_module(module)
-    for name in OLD_HOMES[module]:
-        assert getattr(mod, name) is getattr(exceptions, name)
 
 
 def test_errors_keep_their_messages_and_attributes():

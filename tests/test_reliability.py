@@ -135,8 +135,9 @@ def test_kill_during_checkpoint_write_keeps_the_previous_checkpoint(tmp_path):
     code = (
         "import os, signal\n"
         "from daskann import store\n"
+        "from daskann.store import _atomic\n"
         f"ck = store.load_checkpoint({str(tmp_path)!r})\n"
-        "store.atomic_replace_dir = lambda tmp, target: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "_atomic.atomic_replace_dir = lambda tmp, target: os.kill(os.getpid(), signal.SIGKILL)\n"
         "ck.step = 15\n"
         f"store.save_checkpoint(store.checkpoint_path({str(tmp_path)!r}, 15), ck)\n"
     )

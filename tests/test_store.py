@@ -330,7 +330,7 @@ def test_a_full_disk_is_refused_before_training(tmp_path, monkeypatch):
 
     X, y = make_linear(64, 5, 3, seed=0)
     usage = shutil.disk_usage(tmp_path)._replace(free=100_000)
-    monkeypatch.setattr(store.shutil, "disk_usage", lambda path: usage)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage)
     trainer = SerialTrainer((4,), batch_size=8, checkpoint={"dir": tmp_path / "run", "every": 1})
     with pytest.raises(store.DiskFullError, match=r"checkpoint\['dir'\]=.*run.* has 97\.7 KiB free"):
         trainer.fit(X, y, steps=50)

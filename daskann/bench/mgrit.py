@@ -35,8 +35,7 @@ from daskann.bench._machine import mgrit_machine
 from daskann.bench._report import json_default, save_figure, write_json
 from daskann.cluster import worker_addresses
 from daskann.data import BatchOrder, make_linear
-from daskann.exceptions import MGRITDidNotPay
-from daskann.mgrit._errors import MGRITDiverged
+from daskann.exceptions import MGRITDidNotPay, MGRITDiverged
 from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.propagators import SGDPropagator
 from daskann.mgrit.solver import MGRIT

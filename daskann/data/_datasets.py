@@ -91,16 +91,13 @@ def load_dataset(
     Parameters
     ----------
     name : {"linear", "digits", "mnist1d", "mnist", "cifar10"}
-        ``"linear"``: :func:`make_linear` (regression). ``"digits"``:
-        scikit-learn's bundled 8x8 digits. ``"mnist1d"``: MNIST-1D generated
-        offline. ``"mnist"``: the training IDX files in ``path``.
-        ``"cifar10"``: the training batches in ``path``. The test files of
-        MNIST and CIFAR-10 are left untouched (see :func:`load_mnist_idx`,
-        :func:`load_cifar10`).
+        ``"linear"``: :func:`make_linear` (regression). ``"digits"``: scikit-learn's bundled 8x8 digits.
+        ``"mnist1d"``: MNIST-1D generated offline. ``"mnist"``: the training IDX files in ``path``.
+        ``"cifar10"``: the training batches in ``path``. The test files of MNIST and CIFAR-10 are left
+        untouched (see :func:`load_mnist_idx`, :func:`load_cifar10`).
     n_samples : int, optional
-        Samples before the split. ``"linear"``: 1024 by default;
-        ``"mnist1d"``: 4000 by default; other sets: all by default, else the
-        first ``n_samples`` rows.
+        Samples before the split. ``"linear"``: 1024 by default; ``"mnist1d"``: 4000 by default; other
+        sets: all by default, else the first ``n_samples`` rows.
     n_features, n_outputs : int, optional
         Only for ``"linear"`` (32 and 4 by default).
     noise : float
@@ -124,8 +121,22 @@ def load_dataset(
     >>> ds.X_train.shape, ds.y_val.shape, ds.loss
     ((80, 8), (20, 2), 'mse')
     """
+    name, n_samples, noise, seed, dtype = _check_arguments(
+        name, n_samples, n_features, n_outputs, noise, path, val_fraction=val_fraction, seed=seed, dtype=dtype
+    )
+    if name == "linear":
+        X, y = _make_linear(n_samples, n_features, n_outputs, noise=noise, seed=seed, dtype=dtype)
+        task, loss = "regression", "mse"
+    else:
+        X, y = _read_labelled(name, n_samples, path=path, seed=seed, dtype=dtype)
+        task, loss = "classification", "cross_entropy"
+    X_train, X_val, y_train, y_val = train_val_split(X, y, val_fraction=val_fraction, seed=seed)
+    return Dataset(name, X_train, y_train, X_val, y_val, task, loss)
+
+
+def _check_arguments(name, n_samples, n_features, n_outputs, noise, path, *, val_fraction, seed, dtype):
+    """``(name, n_samples, noise, seed, dtype)`` checked: cheap checks, before any loading or generation."""
     name = check_choice("dataset", name, DATASETS)
-    # Cheap checks come before any loading or generation.
     if n_samples is not None:
         n_samples = check_int("n_samples", n_samples)
     for key, value in (("n_features", n_features), ("n_outputs", n_outputs)):
@@ -142,25 +153,28 @@ def load_dataset(
         check_folder(path, name="path")
     elif path is not None:
         raise invalid("path", path, f"None: dataset {name!r} needs no files")
+    return name, n_samples, noise, seed, dtype
 
-    if name == "linear":
-        given = {"n_samples": n_samples, "n_features": n_features, "n_outputs": n_outputs}
-        sizes = {key: _LINEAR_DEFAULTS[key] if value is None else value for key, value in given.items()}
-        X, y = make_linear(**sizes, noise=noise, seed=seed, dtype=dtype)
-        task, loss = "regression", "mse"
+
+def _make_linear(n_samples, n_features, n_outputs, *, noise, seed, dtype):
+    """``X, y`` of :func:`make_linear`, its defaults standing in for the sizes not given."""
+    given = {"n_samples": n_samples, "n_features": n_features, "n_outputs": n_outputs}
+    sizes = {key: _LINEAR_DEFAULTS[key] if value is None else value for key, value in given.items()}
+    return make_linear(**sizes, noise=noise, seed=seed, dtype=dtype)
+
+
+def _read_labelled(name: str, n_samples, *, path, seed, dtype):
+    """``X, y`` of a classification set, cut to its first ``n_samples`` rows when given."""
+    if name == "digits":
+        X, y = load_digits(dtype=dtype)
+    elif name == "mnist1d":
+        X, y = make_mnist1d(n_samples or _MNIST1D_SAMPLES, seed=seed, dtype=dtype)
+    elif name == "mnist":
+        X, y = load_mnist_idx(path, kind="train", dtype=dtype)
     else:
-        if name == "digits":
-            X, y = load_digits(dtype=dtype)
-        elif name == "mnist1d":
-            X, y = make_mnist1d(n_samples or _MNIST1D_SAMPLES, seed=seed, dtype=dtype)
-        elif name == "mnist":
-            X, y = load_mnist_idx(path, kind="train", dtype=dtype)
-        else:
-            X, y = load_cifar10(path, kind="train", dtype=dtype)
-        task, loss = "classification", "cross_entropy"
-        if n_samples is not None:
-            if n_samples > X.shape[0]:
-                raise invalid("n_samples", n_samples, f"at most {X.shape[0]}, the samples of dataset {name!r}")
-            X, y = X[:n_samples], y[:n_samples]
-    X_train, X_val, y_train, y_val = train_val_split(X, y, val_fraction=val_fraction, seed=seed)
-    return Dataset(name, X_train, y_train, X_val, y_val, task, loss)
+        X, y = load_cifar10(path, kind="train", dtype=dtype)
+    if n_samples is None:
+        return X, y
+    if n_samples > X.shape[0]:
+        raise invalid("n_samples", n_samples, f"at most {X.shape[0]}, the samples of dataset {name!r}")
+    return X[:n_samples], y[:n_samples]

@@ -6,9 +6,9 @@ local schedulers or on a cluster; :class:`MGRITTrainer` applies it to SGD
 training and converges to the weights :class:`daskann.SerialTrainer` gives.
 """
 
+from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged, PropagatorError
 from daskann.mgrit import linear, workmodel
 from daskann.mgrit._adapt import Adaptation
-from daskann.mgrit._errors import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged, PropagatorError
 from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
 from daskann.mgrit.propagators import SGDPropagator, auto_alpha_cap, stable_alpha_cap, top_curvature

@@ -496,20 +496,10 @@ def _sweep_block(spec: SweepSpec, store, ctx: Context):
     n_c = hier.n_cpoints(level)
     q0, q1 = spec.q0, spec.q1
     c_last = min(q1, n_c)
-    n_new = c_last - q0  # C-points this block owns
     cvals = _cvalues(store, ctx, spec, q0, c_last)
     row0, row1 = q0 * m, min(q1 * m, n_points)  # rows of u{level} and g{level} in this block
     g = store.rows(f"g{level}", (spec.gen, slice(row0, row1))) if spec.rhs else None
-    block = _Block(store, ctx.layout.size)
-    new_c = block.add(f"c{level}", (spec.dst, slice(q0, c_last)), n_new) if n_new > 0 else None
-    fused = None
-    if n_new > 0 and spec.fuse_c is not None:
-        fused = block.add(f"c{level}", (spec.fuse_c, slice(q0, c_last)), n_new)
-    v_next = g_next = None
-    if spec.restrict and spec.mode == "R" and n_new > 0:
-        v_next = block.add(f"v{level + 1}", (spec.gen_restrict, slice(q0, c_last)), n_new)
-        g_next = block.add(f"g{level + 1}", (spec.gen_restrict, slice(q0, c_last)), n_new)
-    u = block.add(f"u{level}", slice(row0, row1), row1 - row0) if spec.store_u and row1 > row0 else None
+    block, new_c, fused, v_next, g_next, u = _sweep_rows(spec, store, ctx, c_last, row0, row1)
     work = np.empty(ctx.layout.size, dtype=ctx.layout.dtype)  # the running state when no row keeps it
     residuals, x = [], None
     for q in range(q0, q1):
@@ -526,14 +516,7 @@ def _sweep_block(spec: SweepSpec, store, ctx: Context):
         rhs = None if g is None else g[p - 1 - row0]
         old = cvals[q + 1 - q0]
         if spec.mode == "C":
-            if spec.weight == 1.0:
-                new = ctx.phi(x, level, p - 1, rhs, out=new_c[j])
-            else:
-                a = ctx.phi(x, level, p - 1, rhs, out=work)
-                new = np.multiply(spec.weight, a, out=new_c[j])
-                new += (1.0 - spec.weight) * old
-                if not finite(new):
-                    raise StepFailed(level, p * hier.span(level), "the relaxed state became NaN or Inf")
+            new = _c_relax(spec, ctx, x, old, p, rhs, out=new_c[j], work=work)
             if u is not None:
                 u[p - 1 - row0] = new
             continue
@@ -549,16 +532,50 @@ def _sweep_block(spec: SweepSpec, store, ctx: Context):
         r = np.subtract(a, old, out=work if a is not work else a)
         residuals.append(float(np.linalg.norm(r)))
         if v_next is not None:
-            # FAS: g_{l+1} = r + v_{l+1} - Phi_{l+1}(v_{l+1}) at coarse point q + 1
-            rhs_next = np.add(r, old, out=g_next[j])
-            rhs_next -= ctx.phi(start, level + 1, q, out=work)
-            if not finite(rhs_next):
-                raise StepFailed(level + 1, p * hier.span(level), "the FAS right-hand side became NaN or Inf")
-            v_next[j] = old
+            _restrict(ctx, level, p, q, r, old, start, v_next=v_next[j], g_next=g_next[j], work=work)
     last = None
     if row1 == n_points and row1 > row0:
         last = np.array(u[-1] if u is not None else (x if not hier.has_cpoint(level, q1 - 1) else new_c[-1]))
     return block.arrays, residuals, last
+
+
+def _sweep_rows(spec: SweepSpec, store, ctx: Context, c_last: int, row0: int, row1: int):
+    """A sweep task's output block and its rows ``(block, c, fused c, v{l+1}, g{l+1}, u)``, None where unwritten."""
+    level, q0 = spec.level, spec.q0
+    n_new = c_last - q0  # C-points this block owns
+    block = _Block(store, ctx.layout.size)
+    new_c = block.add(f"c{level}", (spec.dst, slice(q0, c_last)), n_new) if n_new > 0 else None
+    fused = None
+    if n_new > 0 and spec.fuse_c is not None:
+        fused = block.add(f"c{level}", (spec.fuse_c, slice(q0, c_last)), n_new)
+    v_next = g_next = None
+    if spec.restrict and spec.mode == "R" and n_new > 0:
+        v_next = block.add(f"v{level + 1}", (spec.gen_restrict, slice(q0, c_last)), n_new)
+        g_next = block.add(f"g{level + 1}", (spec.gen_restrict, slice(q0, c_last)), n_new)
+    u = block.add(f"u{level}", slice(row0, row1), row1 - row0) if spec.store_u and row1 > row0 else None
+    return block, new_c, fused, v_next, g_next, u
+
+
+def _c_relax(spec: SweepSpec, ctx: Context, x, old, p: int, rhs, *, out, work):
+    """The C-relaxed value at point ``p`` into ``out``: Phi of ``x``, weighted with ``old`` unless the weight is 1."""
+    level = spec.level
+    if spec.weight == 1.0:
+        return ctx.phi(x, level, p - 1, rhs, out=out)
+    a = ctx.phi(x, level, p - 1, rhs, out=work)
+    new = np.multiply(spec.weight, a, out=out)
+    new += (1.0 - spec.weight) * old
+    if not finite(new):
+        raise StepFailed(level, p * ctx.hierarchy.span(level), "the relaxed state became NaN or Inf")
+    return new
+
+
+def _restrict(ctx: Context, level: int, p: int, q: int, r, old, start, *, v_next, g_next, work) -> None:
+    """FAS restriction to coarse point ``q + 1``: ``v_{l+1} = old``, ``g_{l+1} = r + v_{l+1} - Phi_{l+1}(v_{l+1})``."""
+    rhs_next = np.add(r, old, out=g_next)
+    rhs_next -= ctx.phi(start, level + 1, q, out=work)
+    if not finite(rhs_next):
+        raise StepFailed(level + 1, p * ctx.hierarchy.span(level), "the FAS right-hand side became NaN or Inf")
+    v_next[...] = old
 
 
 def run_coarse(spec: CoarseSpec, store, ctx: Context, *deps) -> dict:

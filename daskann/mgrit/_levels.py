@@ -62,10 +62,6 @@ class Hierarchy:
         """Does interval ``q`` end in a C-point?"""
         return q < self.n_cpoints(level)
 
-    def fine_index(self, level: int, point: int) -> int:
-        """Fine step index of a point of ``level``."""
-        return point * self.span(level)
-
     def describe(self) -> list[dict]:
         return [{"level": lvl, "points": self.n_points(lvl), "span": self.span(lvl)} for lvl in range(self.n_levels)]
 

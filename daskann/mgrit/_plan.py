@@ -261,84 +261,94 @@ class Planner:
         final: bool = False,
     ) -> int | None:
         """Emit one relaxation sweep over every interval of ``level``."""
-        h = self.h
         source = self.source[level]
         src_slot = source[1] if source[0] == "c" else None
         # the final sweep writes the store: never over the slot this iteration started from, which a
         # recomputed task of a dask run may read again
         free = self._free_slots(level, src_slot, self.start_slot if final and not self.sequential else None)
-        dst = free[0]
-        fuse = free[1] if fuse_c else None
-        if store_u is None:
-            store_u = level > 0
-        correct = self.pending[level]
-        rhs = self.rhs[level]
-        weight = self.opt["weight_c"][level]
-        gen = self.gen[level]
         gen_next = self.gen[level + 1] if level + 1 < self.L else 0
         # a restriction writes the other generation where a task of the same sweep may still read the
         # current one (the correction); a dask run keeps both, as its store and recomputed tasks expect
-        gen_restrict = 1 - gen_next if correct or not self.sequential else gen_next
-        n_int = h.n_intervals(level)
-        block = self.blocks[level]
+        gen_restrict = 1 - gen_next if self.pending[level] or not self.sequential else gen_next
+        spec = SweepSpec(
+            level=level,
+            q0=0,
+            q1=0,
+            mode=mode,
+            source=source,
+            dst=free[0],
+            correct=self.pending[level],
+            rhs=self.rhs[level],
+            store_u=level > 0 if store_u is None else store_u,
+            restrict=restrict,
+            fuse_c=free[1] if fuse_c else None,
+            weight=self.opt["weight_c"][level],
+            gen=self.gen[level],
+            gen_next=gen_next,
+            gen_restrict=gen_restrict,
+        )
         first = len(self._tasks)
+        n_int = self.h.n_intervals(level)
         for q0 in range(0, n_int, self.task_blocks[level]):
-            q1 = min(q0 + self.task_blocks[level], n_int)
-            reads, writes = [], []
-            cost = 0.0
-            for q in range(q0, q1):
-                points = h.interval_points(level, q)
-                has_c = h.has_cpoint(level, q)
-                reads += self._c_reads(level, source, correct, q)
-                if has_c:
-                    reads += self._c_reads(level, source, correct, q + 1)
-                    if restrict:
-                        cost += self.cost(level + 1)
-                if rhs:
-                    reads += [self._vg_chunk("g", level, gen, p - 1) for p in points]
-                cost += len(points) * self.cost(level)
-            for b in range(q0 // block, (q1 - 1) // block + 1):  # the chunks of the task's intervals
-                if h.has_cpoint(level, b * block):
-                    writes.append(("c", level, dst, b))
-                    if fuse is not None:
-                        writes.append(("c", level, fuse, b))
-                    if restrict:
-                        writes += [("v", level + 1, gen_restrict, b), ("g", level + 1, gen_restrict, b)]
-                if store_u:
-                    writes.append(("u", level, b))
-            reads = list(dict.fromkeys(reads))
-            spec = SweepSpec(
-                level=level,
-                q0=q0,
-                q1=q1,
-                mode=mode,
-                source=source,
-                dst=dst,
-                correct=correct,
-                rhs=rhs,
-                store_u=store_u,
-                restrict=restrict,
-                fuse_c=fuse,
-                weight=weight,
-                gen=gen,
-                gen_next=gen_next,
-                gen_restrict=gen_restrict,
-            )
-            start = q0 * h.cfactors[level] * h.span(level)
-            keep = [w for w in writes if w[0] == "c" and w[2] == fuse] if final and self.keep_fused else ()
-            self._emit(run_sweep, spec, reads, writes, cost, level, final, f"-{mode}-q{q0}", start, keep)
+            self._emit_sweep_task(dataclasses.replace(spec, q0=q0, q1=min(q0 + self.task_blocks[level], n_int)), final)
         keys = {t.key for t in self._tasks[first:]}
         if any(d in keys for t in self._tasks[first:] for d in t.deps):
             raise AssertionError(f"tasks of one sweep on level {level} depend on each other")
-        self.source[level] = ("c", dst)
+        self._swept(spec)
+        return spec.fuse_c
+
+    def _emit_sweep_task(self, spec: SweepSpec, final: bool) -> None:
+        """Emit the task of intervals ``spec.q0 <= q < spec.q1`` of a sweep."""
+        h, level = self.h, spec.level
+        reads, cost = self._sweep_reads(spec)
+        writes = self._sweep_writes(spec)
+        start = spec.q0 * h.cfactors[level] * h.span(level)
+        keep = [w for w in writes if w[0] == "c" and w[2] == spec.fuse_c] if final and self.keep_fused else ()
+        self._emit(run_sweep, spec, reads, writes, cost, level, final, f"-{spec.mode}-q{spec.q0}", start, keep)
+
+    def _sweep_reads(self, spec: SweepSpec) -> tuple[list, float]:
+        """The chunks a sweep task reads (each once) and its cost."""
+        h, level = self.h, spec.level
+        reads = []
+        cost = 0.0
+        for q in range(spec.q0, spec.q1):
+            points = h.interval_points(level, q)
+            reads += self._c_reads(level, spec.source, spec.correct, q)
+            if h.has_cpoint(level, q):
+                reads += self._c_reads(level, spec.source, spec.correct, q + 1)
+                if spec.restrict:
+                    cost += self.cost(level + 1)
+            if spec.rhs:
+                reads += [self._vg_chunk("g", level, spec.gen, p - 1) for p in points]
+            cost += len(points) * self.cost(level)
+        return list(dict.fromkeys(reads)), cost
+
+    def _sweep_writes(self, spec: SweepSpec) -> list:
+        """The chunks a sweep task writes: those of its intervals."""
+        level, block = spec.level, self.blocks[spec.level]
+        writes = []
+        for b in range(spec.q0 // block, (spec.q1 - 1) // block + 1):
+            if self.h.has_cpoint(level, b * block):
+                writes.append(("c", level, spec.dst, b))
+                if spec.fuse_c is not None:
+                    writes.append(("c", level, spec.fuse_c, b))
+                if spec.restrict:
+                    writes += [("v", level + 1, spec.gen_restrict, b), ("g", level + 1, spec.gen_restrict, b)]
+            if spec.store_u:
+                writes.append(("u", level, b))
+        return writes
+
+    def _swept(self, spec: SweepSpec) -> None:
+        """Record where a sweep left the C-values of its level (and, restricting, the next level's inputs)."""
+        level = spec.level
+        self.source[level] = ("c", spec.dst)
         self.pending[level] = False
-        if restrict:
+        if spec.restrict:
             if level + 1 < self.L - 1:
                 self.source[level + 1] = ("v",)
             self.pending[level + 1] = False
             self.rhs[level + 1] = True
-            self.gen[level + 1] = gen_restrict
-        return fuse
+            self.gen[level + 1] = spec.gen_restrict
 
     def coarse_solve(self) -> None:
         level = self.L - 1

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from daskann.exceptions import MGRITDiverged
 from daskann.mgrit import _store, workmodel
-from daskann.mgrit._errors import MGRITDiverged
 from daskann.mgrit._executors import DaskExecutor, InProcessExecutor
 from daskann.mgrit._kernels import Context, first_failure
 from daskann.mgrit._plan import Planner, task_sizes

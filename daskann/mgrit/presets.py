@@ -195,6 +195,18 @@ def paper_options(
     >>> options["solver"]["levels"], options["propagator"]["alpha_cap"]
     (9, 8.0)
     """
+    n_steps, alpha_b, alpha_max, max_coarse = _check_paper_arguments(
+        name, n_steps, alpha_b, alpha_max, cycle, double_phi, max_coarse=max_coarse, row_index=row_index
+    )
+    preset = PAPER_PRESETS[name]
+    levels = 2 if cycle == "two-level" else paper_levels(n_steps, max_coarse=max_coarse)
+    solver = _paper_solver(n_steps, levels, cycle, max_iter)
+    propagator = _paper_propagator(preset, alpha_b, alpha_max, double_phi=double_phi, row_index=row_index)
+    return {"solver": solver, "propagator": propagator, "data": preset["data"]}
+
+
+def _check_paper_arguments(name, n_steps, alpha_b, alpha_max, cycle, double_phi, *, max_coarse, row_index):
+    """``(n_steps, alpha_b, alpha_max, max_coarse)`` of :func:`paper_options`, checked."""
     check_choice("preset", name, tuple(PAPER_PRESETS))
     n_steps = check_int("n_steps", n_steps)
     alpha_b = _check_alpha("alpha_b", alpha_b, "a positive finite learning rate")
@@ -206,9 +218,12 @@ def paper_options(
     check_choice("row_index", row_index, ROW_INDEX)
     if n_steps // 2 < 1:
         raise invalid("n_steps", n_steps, "at least 2 (the coarsest level would keep fewer than 1 step)")
-    preset = PAPER_PRESETS[name]
-    levels = 2 if cycle == "two-level" else paper_levels(n_steps, max_coarse=max_coarse)
-    solver = {
+    return n_steps, alpha_b, alpha_max, max_coarse
+
+
+def _paper_solver(n_steps: int, levels: int, cycle: str, max_iter) -> dict:
+    """Keywords of :class:`daskann.mgrit.MGRIT` for the paper's solvers."""
+    return {
         "levels": levels,
         "cfactor": 2,
         "cf_iter": 1,
@@ -221,7 +236,11 @@ def paper_options(
         "nested_iteration": True,
         "min_coarse": 1,
     }
-    propagator = {
+
+
+def _paper_propagator(preset: dict, alpha_b: float, alpha_max: float, *, double_phi, row_index: str) -> dict:
+    """Keywords of :class:`daskann.mgrit.SGDPropagator` for the paper's solver ``preset``."""
+    return {
         "lr": alpha_b,
         "momentum": 0.0,
         "coarse": "scaled",
@@ -234,7 +253,6 @@ def paper_options(
         # the step into point i uses row i mod K: shift the order by one (fine and coarse rows alike)
         "step_offset": 1 if preset["data"] == "serialized" and row_index == "end" else 0,
     }
-    return {"solver": solver, "propagator": propagator, "data": preset["data"]}
 
 
 def _check_alpha(name: str, value, expected: str, *, lo: float = 0.0) -> float:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from daskann._validation import invalid
-from daskann.mgrit._errors import PropagatorError
+from daskann.exceptions import PropagatorError
 
 State = tuple  # tuple of numpy arrays
 

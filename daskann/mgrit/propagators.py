@@ -41,11 +41,13 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+from typing import get_args
 
 import numpy as np
 
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, remote_call
+from daskann._typing import CoarsePropagator
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.data import BatchOrder
 from daskann.mgrit.problem import Propagator
@@ -62,6 +64,33 @@ def _data_digest(X: np.ndarray, y: np.ndarray) -> str:
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()[:16]
+
+
+def _check_coarse(coarse):
+    """A built-in coarse propagator's name or a callable ``coarse(state, start, stop, level)``."""
+    if not (callable(coarse) or coarse in get_args(CoarsePropagator)):
+        raise invalid(
+            "coarse",
+            coarse,
+            "'scaled', 'repeat' or a callable coarse(state, start, stop, level)",
+            TypeError if not isinstance(coarse, str) else ValueError,
+        )
+    return coarse
+
+
+def _check_alpha_cap(alpha_cap) -> float | None:
+    """A number cap of the coarse learning rates (at least 1), or None for none (None or ``math.inf``)."""
+    if alpha_cap is not None and not (isinstance(alpha_cap, (int, float)) and alpha_cap == math.inf):
+        alpha_cap = check_float("alpha_cap", alpha_cap, minimum=1.0)
+    return None if alpha_cap is None or alpha_cap == math.inf else float(alpha_cap)
+
+
+def _param_shapes(sizes, bias: bool) -> list[tuple]:
+    """Shapes of a network's parameters in ``MLP.params`` order: per layer its weights, then its biases."""
+    shapes = []
+    for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
+        shapes += [(n_in, n_out), (n_out,)] if bias else [(n_in, n_out)]
+    return shapes
 
 
 class SGDPropagator(Propagator):
@@ -144,19 +173,10 @@ class SGDPropagator(Propagator):
         self.loss = check_choice("loss", loss, LOSSES)
         self.order = order
         self.optimizer = SGD(lr, momentum)
-        if not (callable(coarse) or coarse in ("scaled", "repeat")):
-            raise invalid(
-                "coarse",
-                coarse,
-                "'scaled', 'repeat' or a callable coarse(state, start, stop, level)",
-                TypeError if not isinstance(coarse, str) else ValueError,
-            )
-        self.coarse = coarse
+        self.coarse = _check_coarse(coarse)
         self.alpha_growth = None if alpha_growth is None else check_float("alpha_growth", alpha_growth, minimum=1.0)
         auto = isinstance(alpha_cap, str) and alpha_cap == "auto"
-        if alpha_cap is not None and not auto and not (isinstance(alpha_cap, (int, float)) and alpha_cap == math.inf):
-            alpha_cap = check_float("alpha_cap", alpha_cap, minimum=1.0)
-        self.alpha_cap = None if alpha_cap is None or alpha_cap == math.inf or auto else float(alpha_cap)
+        self.alpha_cap = None if auto else _check_alpha_cap(alpha_cap)
         self.substeps = check_int("substeps", substeps)
         self.coarse_batches = check_int("coarse_batches", coarse_batches)
         self.step_offset = check_int("step_offset", step_offset, minimum=0)
@@ -168,22 +188,22 @@ class SGDPropagator(Propagator):
             raise invalid("velocity", velocity, "True when momentum is not 0 (the velocity is then state)")
         self.velocity = bool(velocity)
         self._bias = bool(self.config.get("bias", True))
-        sizes = self.config["sizes"]
-        shapes = []
-        for n_in, n_out in zip(sizes[:-1], sizes[1:], strict=True):
-            shapes += [(n_in, n_out), (n_out,)] if self._bias else [(n_in, n_out)]
+        shapes = _param_shapes(self.config["sizes"], self._bias)
         self._n = len(shapes)
         self._shapes = shapes + shapes if self.velocity else shapes
         self._local = threading.local()
         self._rows: dict[int, np.ndarray] = {}
         self._digest = _data_digest(X, y)
-        if auto and is_dask_array(X):  # measured on a worker, where the data is read
-            self.alpha_cap = remote_call(_auto_alpha_cap_on, self.without_data(), self.initial_state(model), X, y)
-        elif auto:
-            with one_blas_thread():  # the bits a worker would compute
-                self.alpha_cap = auto_alpha_cap(self, self.initial_state(model))
-            if self.alpha_cap == math.inf:
-                self.alpha_cap = None
+        if auto:
+            self.alpha_cap = self._auto_alpha_cap(model)
+
+    def _auto_alpha_cap(self, model: MLP) -> float | None:
+        """SGD's stability limit at ``model``'s weights (None for none), measured where the data is read."""
+        if is_dask_array(self.X):  # measured on a worker
+            return remote_call(_auto_alpha_cap_on, self.without_data(), self.initial_state(model), self.X, self.y)
+        with one_blas_thread():  # the bits a worker would compute
+            cap = auto_alpha_cap(self, self.initial_state(model))
+        return None if cap == math.inf else cap
 
     # -- state ----------------------------------------------------------------------
     def initial_state(self, model: MLP, velocity=None) -> tuple:

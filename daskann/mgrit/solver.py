@@ -40,15 +40,17 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 from distributed import Client
 
 from daskann._dask_input import is_dask_array, remote_call
+from daskann._typing import CycleType
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.cluster import worker_addresses
+from daskann.exceptions import MGRITDiverged, PropagatorError
 from daskann.mgrit import _store, workmodel
-from daskann.mgrit._errors import MGRITDiverged, PropagatorError
 from daskann.mgrit._kernels import Context, StepFailed
 from daskann.mgrit._levels import Hierarchy, check_hierarchy
 from daskann.mgrit._plan import block_sizes
@@ -382,7 +384,7 @@ class MGRIT:
         min_coarse = check_int("min_coarse", self.min_coarse)
         hierarchy = check_hierarchy(self.n_steps, self.levels, self.cfactor, min_coarse=min_coarse)
         opt = {"propagator": prop, "layout": layout, "hierarchy": hierarchy, **self._check_relaxation(hierarchy)}
-        opt["cycle_type"] = check_choice("cycle_type", self.cycle_type, ("V", "F"))
+        opt["cycle_type"] = check_choice("cycle_type", self.cycle_type, get_args(CycleType))
         opt.update(self._check_stopping())
         opt.update(self._check_execution())
         opt.update(

@@ -12,6 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 
@@ -25,8 +26,8 @@ from daskann._typing import Activation, CycleType, Loss, MGRITScheduler
 from daskann._validation import check_choice, invalid
 from daskann.cluster import check_worker_memory, resolve_client
 from daskann.data import BatchOrder
+from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit import _adapt
-from daskann.mgrit._errors import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.problem import StateLayout
 from daskann.mgrit.propagators import SGDPropagator
@@ -37,7 +38,7 @@ from daskann.serial import SerialTrainer
 #: fewest steps a coarsest level keeps (the solver's ``min_coarse``, XBraid's ``SetMinCoarse``)
 MIN_COARSE = 2
 
-SCHEDULERS = ("distributed", "threads", "sync", "inprocess")
+SCHEDULERS = get_args(MGRITScheduler)
 
 
 @dataclass

@@ -7,11 +7,15 @@ cross-entropy needs whole rows of the output layer.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 
-ACTIVATIONS = ("relu", "leaky_relu", "sigmoid", "tanh")
-OUTPUTS = ("linear", "softmax", "sigmoid", "tanh")
-LOSSES = ("mse", "cross_entropy", "sse")
+from daskann._typing import Activation, Loss, Output
+
+ACTIVATIONS = get_args(Activation)
+OUTPUTS = get_args(Output)
+LOSSES = get_args(Loss)
 
 
 def sigmoid(z):

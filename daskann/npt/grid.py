@@ -8,7 +8,6 @@ on one worker; several cells may share a worker only when asked.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,7 +141,3 @@ class ProcessGrid:
 
     def __str__(self) -> str:
         return self.placement_map()
-
-
-def is_perfect_square(n: int) -> bool:
-    return math.isqrt(n) ** 2 == n

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import get_args
 
 import numpy as np
 
+from daskann._typing import Combine
 from daskann._validation import check_choice, check_float, invalid
 from daskann.nn import MLP
 from daskann.partition.split import Partition
 
-COMBINES = ("mean", "sum")
+COMBINES = get_args(Combine)
 
 
 def check_combine(combine) -> str:
@@ -28,23 +29,21 @@ def merge_submodels(
     partition: Partition,
     submodels: Sequence[MLP],
     *,
-    combine: Literal["mean", "sum"] = "mean",
+    combine: Combine = "mean",
     noise: float = 0.02,
     seed=0,
 ) -> MLP:
     """Place each sub-model into its diagonal block of the full network.
 
-    Hidden layer ``l`` of the full network is the concatenation of the
-    sub-models' hidden layers ``l``; weights between units of different
-    groups are zero. The output layer reads every group: with
-    ``combine="mean"`` its weights are the sub-models' output weights over
-    ``k`` and its bias the mean of their output biases, so that the merged
-    network's logits are the mean of the sub-models' logits; with ``"sum"``
-    the weights are kept and the biases summed, so the logits are their sum.
-    Then each parameter array ``p`` receives independent uniform noise on
-    ``[-a, a]`` with ``a = noise * max|p|`` (zero blocks included, which is
-    what lets the groups start to interact). The optimiser's momentum is not
-    carried over: fine-tuning starts from zero velocity.
+    Hidden layer ``l`` of the full network is the concatenation of the sub-models' hidden layers
+    ``l``; weights between units of different groups are zero. The output layer reads every group:
+    with ``combine="mean"`` its weights are the sub-models' output weights over ``k`` and its bias
+    the mean of their output biases, so that the merged network's logits are the mean of the
+    sub-models' logits; with ``"sum"`` the weights are kept and the biases summed, so the logits
+    are their sum. Then each parameter array ``p`` receives independent uniform noise on
+    ``[-a, a]`` with ``a = noise * max|p|`` (zero blocks included, which is what lets the groups
+    start to interact). The optimiser's momentum is not carried over: fine-tuning starts from
+    zero velocity.
 
     Parameters
     ----------
@@ -77,6 +76,17 @@ def merge_submodels(
     """
     combine = check_combine(combine)
     noise = check_noise(noise)
+    submodels = _check_submodels(partition, submodels)
+    weights, biases = _block_diagonal(partition, submodels, combine)
+    _add_noise([p for pair in zip(weights, biases, strict=True) for p in pair], noise, seed)
+    first = submodels[0]
+    return MLP.from_arrays(
+        weights, biases, activation=first.activation, output=first.output, negative_slope=first.negative_slope
+    )
+
+
+def _check_submodels(partition: Partition, submodels: Sequence[MLP]) -> list[MLP]:
+    """The sub-models as a list, checked: one per group, of the group's sizes, all alike but for their sizes."""
     if not isinstance(partition, Partition):
         raise invalid("partition", type(partition).__name__, "a Partition from split_network", TypeError)
     submodels = list(submodels)
@@ -92,7 +102,12 @@ def merge_submodels(
             if getattr(sub, attr) != getattr(first, attr):
                 expected = f"{getattr(first, attr)!r}, as submodels[0]"
                 raise invalid(f"submodels[{g}].{attr}", getattr(sub, attr), expected)
-    dtype = first.dtype
+    return submodels
+
+
+def _block_diagonal(partition: Partition, submodels: list[MLP], combine: str) -> tuple[list, list]:
+    """Weights and biases of the full network, each sub-model in its diagonal block, the output layer combined."""
+    dtype = submodels[0].dtype
     sizes = partition.sizes
     n_layers = len(sizes) - 1
     weights = [np.zeros((sizes[i], sizes[i + 1]), dtype=dtype) for i in range(n_layers)]
@@ -109,18 +124,20 @@ def merge_submodels(
         biases[-1] += sub.biases[-1]
     if combine == "mean":
         biases[-1] /= dtype.type(partition.k)
+    return weights, biases
+
+
+def _add_noise(arrays: list[np.ndarray], noise: float, seed) -> None:
+    """Add uniform noise on ``[-a, a]``, ``a = noise * max|p|``, to each array ``p`` in place, in order."""
     if noise > 0:
         rng = np.random.default_rng(seed)
-        for array in (p for pair in zip(weights, biases, strict=True) for p in pair):
+        for array in arrays:
             amplitude = noise * float(np.max(np.abs(array))) if array.size else 0.0
             if amplitude > 0:
-                array += rng.uniform(-amplitude, amplitude, array.shape).astype(dtype)
-    return MLP.from_arrays(
-        weights, biases, activation=first.activation, output=first.output, negative_slope=first.negative_slope
-    )
+                array += rng.uniform(-amplitude, amplitude, array.shape).astype(array.dtype)
 
 
-def combine_logits(submodels: Sequence[MLP], X, *, combine: Literal["mean", "sum"] = "mean") -> np.ndarray:
+def combine_logits(submodels: Sequence[MLP], X, *, combine: Combine = "mean") -> np.ndarray:
     """The mean (or sum) of the sub-models' logits on ``X``: what a noise-free merge computes."""
     combine = check_combine(combine)
     total = sum(sub.forward(X) for sub in submodels)

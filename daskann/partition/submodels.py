@@ -23,7 +23,6 @@ import xarray as xr
 
 from daskann import config
 from daskann._base import constructor_arguments
-from daskann.exceptions import SubModelError  # noqa: F401 (re-exported: its old home)
 from daskann.nn import MLP
 
 #: settings a sub-model shares with the full network's trainer

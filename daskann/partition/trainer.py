@@ -9,6 +9,7 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 import xarray as xr
@@ -21,13 +22,13 @@ from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._typing import Activation, Combine, Loss, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.cluster import current_client
+from daskann.exceptions import SubModelError
 from daskann.nn import MLP
 from daskann.partition.diversity import submodel_diversity
 from daskann.partition.merge import check_combine, check_noise, merge_submodels
 from daskann.partition.split import Partition, check_hidden_k, split_network
 from daskann.partition.submodels import (
     SHARED_SETTINGS,
-    SubModelError,
     SubModelSpec,
     merge_seed,
     run_submodels,
@@ -35,8 +36,8 @@ from daskann.partition.submodels import (
     submodel_seeds,
 )
 
-MODES = ("parallel", "sequential")
-SUB_TRAINERS = ("serial", "npt")
+MODES = get_args(PartitionMode)
+SUB_TRAINERS = get_args(SubTrainer)
 PHASES = ("submodel", "merge", "finetune")
 _STATE = "partition"  # folder of a run's partition state
 

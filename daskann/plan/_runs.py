@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from daskann.cluster import worker_addresses
+from daskann.exceptions import MGRITDiverged
 from daskann.mgrit import MGRITTrainer
-from daskann.mgrit._errors import MGRITDiverged
 from daskann.partition import PartitionTrainer
 from daskann.plan._cluster import OPTIONAL, REQUIRED, ClusterSpec
 from daskann.plan._measure import _partition_overhead, calibrate_mgrit, measure_cluster, npt_step_walls, step_costs

@@ -1,0 +1,74 @@
+"""Training histories (xarray Datasets) in zarr, with a checksum manifest."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from daskann.exceptions import DamagedStoreError, StoreError
+from daskann.store._atomic import FORMAT_VERSION, array_digest, atomic_replace_dir, reraise_if_full, temporary_sibling
+
+
+def save_history(history: xr.Dataset, path) -> Path:
+    """Write a history Dataset to a zarr store atomically, with a checksum manifest."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(target)
+    ds = _encode_strings(history.copy())
+    manifest = {name: array_digest(np.asarray(ds[name].values)) for name in ds.variables}
+    ds.attrs = {**history.attrs, "daskann": {"kind": "history", "format_version": FORMAT_VERSION, "manifest": manifest}}
+    try:
+        ds.to_zarr(str(tmp), mode="w-", consolidated=False, zarr_format=3)
+        atomic_replace_dir(tmp, target)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        reraise_if_full(exc, target)
+        raise
+    return target
+
+
+def load_history(path) -> xr.Dataset:
+    """Read and verify a history written by :func:`save_history`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"path={str(path)!r}: no such history store")
+    try:
+        ds = xr.open_zarr(str(path), consolidated=False).load()
+    except Exception as exc:
+        raise DamagedStoreError(f"path={str(path)!r} is not a readable history store: {exc}") from exc
+    meta = ds.attrs.get("daskann", {})
+    if meta.get("kind") != "history":
+        raise StoreError(f"path={str(path)!r} is not a daskann history")
+    for name, digest in meta.get("manifest", {}).items():
+        if name not in ds.variables or array_digest(np.asarray(ds[name].values)) != digest:
+            raise DamagedStoreError(f"path={str(path)!r}: variable {name!r} is missing or fails its checksum")
+    ds.attrs = {k: v for k, v in ds.attrs.items() if k != "daskann"}
+    return _decode_strings(ds)
+
+
+def _encode_strings(ds: xr.Dataset) -> xr.Dataset:
+    """Text variables (such as a training phase) as integer codes, CF ``flag_values`` style.
+
+    zarr 3 has no stable text type yet; codes keep history stores portable.
+    """
+    for name in list(ds.data_vars):
+        values = ds[name].values
+        if values.dtype.kind in "UO":
+            meanings = sorted({str(v) for v in values.ravel()})
+            codes = np.array([meanings.index(str(v)) for v in values.ravel()], dtype=np.int16).reshape(values.shape)
+            attrs = {**ds[name].attrs, "flag_values": list(range(len(meanings))), "flag_meanings": meanings}
+            ds[name] = (ds[name].dims, codes, attrs)
+    return ds
+
+
+def _decode_strings(ds: xr.Dataset) -> xr.Dataset:
+    for name in list(ds.data_vars):
+        attrs = dict(ds[name].attrs)
+        if "flag_meanings" in attrs:
+            meanings = list(attrs.pop("flag_meanings"))
+            attrs.pop("flag_values", None)
+            ds[name] = (ds[name].dims, np.array(meanings)[ds[name].values.astype(int)], attrs)
+    return ds

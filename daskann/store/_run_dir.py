@@ -1,0 +1,91 @@
+"""Run output folders: creating one, and refusing one that cannot be written before any work starts."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+
+from daskann.exceptions import DiskFullError
+from daskann.store._atomic import FORMAT_VERSION, temporary_sibling
+from daskann.store._checkpoints import CHECKPOINT_DIR, RUN_MARKER
+
+
+def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False, resume: bool = False) -> Path:
+    """Create or reuse a run output folder.
+
+    A folder that exists and holds anything but a daskann run is refused unless
+    ``overwrite``; an existing run is refused unless ``resume`` or ``overwrite``.
+    """
+    path = Path(path)
+    marker = path / RUN_MARKER
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output={str(path)!r} is not valid: expected a folder, found a file")
+    if path.exists() and any(path.iterdir()):
+        if overwrite:
+            if not marker.exists() and any(path.iterdir()):
+                # refuse to wipe a folder we did not create, even when asked to overwrite
+                for child in path.iterdir():
+                    if child.name not in (RUN_MARKER, CHECKPOINT_DIR, "history.zarr", "model.zarr"):
+                        raise ValueError(
+                            f"output={str(path)!r} is not valid: it holds {child.name!r}, which is not part "
+                            "of a daskann run; choose an empty or new folder"
+                        )
+            for child in (CHECKPOINT_DIR, "history.zarr", "model.zarr"):
+                shutil.rmtree(path / child, ignore_errors=True)
+        elif not marker.exists():
+            raise ValueError(
+                f"output={str(path)!r} is not valid: the folder exists and is not a daskann run; "
+                "choose an empty or new folder"
+            )
+        elif not resume:
+            raise ValueError(
+                f"output={str(path)!r} is not valid: it already holds a daskann run; "
+                "pass resume to continue it or overwrite to start again"
+            )
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o750)
+    tmp = temporary_sibling(marker)
+    tmp.write_text(
+        json.dumps(
+            {"format": "daskann-run", "format_version": FORMAT_VERSION, "method": method, "config": config}, indent=2
+        )
+    )
+    os.replace(tmp, marker)
+    return path
+
+
+def check_writable_folder(folder, name: str = "checkpoint_dir") -> Path:
+    """Refuse a folder that cannot be created or written, before any work starts."""
+    folder = Path(folder)
+    probe_parent = folder
+    while not probe_parent.exists():
+        probe_parent = probe_parent.parent
+    if not probe_parent.is_dir():
+        raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is a file, expected a folder")
+    if not os.access(probe_parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is not writable")
+    return folder
+
+
+def check_free_space(folder, needed: int, name: str = "checkpoint_dir") -> None:
+    """Refuse, before any work starts, a folder whose file system cannot hold ``needed`` bytes."""
+    probe = Path(folder)
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise DiskFullError(
+            errno.ENOSPC,
+            f"{name}={str(folder)!r} has {_human(free)} free; this run's stores need about {_human(needed)} "
+            "(free space, choose another folder or checkpoint less often)",
+        )
+
+
+def _human(n_bytes: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n_bytes < 1024 or unit == "GiB":
+            return f"{n_bytes:.0f} {unit}" if unit == "bytes" else f"{n_bytes:.1f} {unit}"
+        n_bytes /= 1024
