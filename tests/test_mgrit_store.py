@@ -1,0 +1,102 @@
+"""The zarr trajectory store of an MGRIT run: layout, resume, refusal, a consistent store after a failure."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zarr
+from conftest import no_tasks_submitted
+
+from daskann import StoreError
+from daskann.mgrit import MGRIT, MGRITDiverged, linear
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_store_layout_resume_and_refusal(tmp_path, client2):
+    prop = linear.LinearPropagator.random_stable(5, seed=1)
+    u0 = (np.ones(5),)
+    store = tmp_path / "run.zarr"
+    kwargs = dict(levels=3, cfactor=4, tol=1e-13, max_iter=40, intervals_per_task=2, scheduler=client2)
+    full = MGRIT(prop, u0, 64, **kwargs).solve()
+
+    def stop_after_3(info):
+        if info.iteration == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        MGRIT(prop, u0, 64, store=store, run_id="run-a", callback=stop_after_3, **kwargs).solve()
+    progress = json.loads((store / "progress.json").read_text())
+    assert progress["iteration"] == 3 and progress["status"] == "running"
+    group = zarr.open_group(str(store), mode="r")
+    assert group.attrs["daskann"]["run_id"] == "run-a"
+    # chunks hold whole blocks of intervals (2 per task here) and carry a CRC32C checksum
+    assert group["c0"].chunks == (1, 2, 5) and group["u1"].chunks == (4 * 2, 5)
+    assert group["g1"].chunks == (1, 2, 5) and group["u2"].chunks == group["u2"].shape
+    assert any("crc32c" in type(c).__name__.lower() for c in group["c0"].compressors)
+    # another run may not use it, and asking submits nothing
+    with no_tasks_submitted(client2), pytest.raises(StoreError, match="store=.*belongs to run 'run-a'"):
+        MGRIT(prop, u0, 64, store=store, run_id="run-b", **kwargs).solve()
+    with no_tasks_submitted(client2), pytest.raises(ValueError, match="store="):
+        MGRIT(prop, u0, 64, store=store, **kwargs).solve()
+    with no_tasks_submitted(client2), pytest.raises(StoreError, match="another configuration"):
+        MGRIT(prop, u0, 64, store=store, run_id="run-a", **{**kwargs, "cfactor": 2}).solve()
+    # the same run continues from iteration 3 and ends exactly where the uninterrupted run ends
+    resumed = MGRIT(prop, u0, 64, store=store, run_id="run-a", **kwargs).solve()
+    assert resumed.residuals == full.residuals and len(resumed.iteration_times) == full.iterations
+    assert np.array_equal(resumed.state[0], full.state[0])
+    assert json.loads((store / "progress.json").read_text())["status"] == "converged"
+
+
+def _inf_at_step_38(state, i):
+    return (state[0] * (np.inf if i == 37 else 0.99),)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "distributed"])
+def test_non_finite_state_stops_and_keeps_the_store_consistent(scheduler, tmp_path, request):
+    # on a cluster the failing sweep's result never reaches the client: the tasks after it pass the failure on
+    store = tmp_path / "t.zarr"
+    with pytest.raises(MGRITDiverged) as info:
+        MGRIT(
+            _inf_at_step_38,
+            (np.ones(3),),
+            64,
+            levels=2,
+            cfactor=4,
+            intervals_per_task=2,
+            store=store,
+            run_id="r",
+            scheduler=request.getfixturevalue("client2") if scheduler == "distributed" else scheduler,
+            max_iter=5,
+            divergence_factor=None,
+        ).solve()
+    assert (info.value.level, info.value.step, info.value.iteration) == (0, 38, 1)
+    assert "NaN or Inf" in str(info.value) and "level 0 at fine step 38" in str(info.value)
+    progress = json.loads((store / "progress.json").read_text())
+    assert progress["status"] == "diverged" and progress["failure"]["step"] == info.value.step
+    group = zarr.open_group(str(store), mode="r")
+    committed = progress.get("committed", 0)
+    assert np.isfinite(group["c0"][committed]).all()
+
+
+def test_threaded_workers_count_as_local_for_a_temporary_store():
+    from daskann.mgrit.solver import _workers_are_local
+
+    class Info:
+        """A client whose scheduler knows the workers at ``addresses``."""
+
+        def __init__(self, *addresses):
+            self.addresses, self.scheduler = addresses, self
+
+        def identity(self, n_workers=-1):
+            return {"workers": {a: {} for a in self.addresses}}
+
+        def sync(self, func, **kwargs):
+            return func(**kwargs)
+
+    assert _workers_are_local(Info("inproc://10.11.12.13/4242/1", "tcp://127.0.0.1:40000"))
+    assert not _workers_are_local(Info("tcp://127.0.0.1:40000", "tcp://10.11.12.13:40001"))
