@@ -25,6 +25,7 @@ from daskann.data import (
     make_linear,
     make_mnist1d,
     train_val_split,
+    upsample_signals,
 )
 
 # --------------------------------------------------------------------------- helpers
@@ -183,6 +184,18 @@ def test_load_digits(no_network):
 
 
 # --------------------------------------------------------------------------- MNIST-1D
+
+
+def test_upsample_signals_interpolates_and_keeps_inner_products():
+    X, _ = make_mnist1d(30, seed=0)
+    wide = upsample_signals(X, 784)
+    grid, points = np.linspace(0, 1, 784), np.linspace(0, 1, 40)
+    expected = np.stack([np.interp(grid, points, row) for row in X]) * np.sqrt(40 / 784)
+    np.testing.assert_allclose(wide, expected, atol=1e-12)
+    np.testing.assert_allclose(np.trace(wide @ wide.T) / np.trace(X @ X.T), 1.0, atol=0.1)
+    assert upsample_signals(X.astype("float32"), 50).dtype == np.float32
+    with pytest.raises(ValueError, match="2-d array"):
+        upsample_signals(X[0])
 
 
 def test_make_mnist1d_shape_labels_and_determinism(no_network, capsys):

@@ -462,6 +462,60 @@ def test_bench_partition_writes_report_and_plot(client2, tmp_path):
     assert bad.exit_code != 0 and "target=1.5 is not valid" in bad.output
 
 
+def test_bench_partition_paper_model_tiny(client2, tmp_path):
+    args = ["--model", "paper-430k", "--hidden", "16,16", "-k", "2", "--seeds", "1", "--n-samples", "400"]
+    args += ["--steps", "40", "--sub-steps", "20", "--finetune-steps", "20", "--eval-every", "10", "--target", "0.3"]
+    args += ["--address", client2.scheduler.address, "-o", str(tmp_path), "-q"]
+    result = CliRunner().invoke(bench_command, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "model paper-430k: 784-16-16-10, 13,002 parameters; data mnist1d-784: MNIST-1D" in result.output
+    assert "gap par (pts)" in result.output and "paper parallel-2: 2.10x" in result.output
+    report = json.loads((tmp_path / "partition-bench.json").read_text())
+    assert report["config"]["model"] == "paper-430k" and report["config"]["dataset"] == "mnist1d-784"
+    assert report["data"]["n_features"] == 784 and report["data"]["n_train"] == 320
+    assert report["model"]["parameters"] == 784 * 16 + 16 + 16 * 16 + 16 + 16 * 10 + 10
+    assert report["model"]["submodel_parameters"] == {"2": 784 * 8 + 8 + 8 * 8 + 8 + 8 * 10 + 10}
+    full = next(r for r in report["runs"] if r["variant"] == "full")
+    for run in report["runs"]:
+        if run["variant"] in ("parallel-2", "sequential-2"):
+            before = [a for t, a in full["curve"] if t <= run["seconds"]]
+            assert run["full_accuracy_at_equal_time"] == (before[-1] if before else None)
+            if before:
+                gap = 100 * (run["final_accuracy"] - before[-1])
+                assert run["accuracy_gap_points"] == pytest.approx(gap, abs=1e-3)
+            assert "median_accuracy_gap_points" in report["summary"][run["variant"]]
+    rows = report["table"]
+    assert [r["seed"] for r in rows] == [0, "median"] and {r["k"] for r in rows} == {2}
+    assert set(rows[0]) == {
+        "model",
+        "parameters",
+        "k",
+        "seed",
+        "parallel_speedup",
+        "sequential_speedup",
+        "parallel_gap_points",
+        "sequential_gap_points",
+    }
+    assert set(report["acceptance"]["paper"]) == {"parallel-2", "sequential-2", "met"}
+    assert "parallel-2_median_speedup" in report["acceptance"]
+
+
+def test_bench_partition_paper_presets():
+    small = BenchmarkConfig.preset(model="paper-430k")
+    assert (small.dataset, small.hidden, small.ks, small.seeds) == ("mnist1d-784", (368, 368), (2, 4), 3)
+    large = BenchmarkConfig.from_options(model="paper-2.1m", data_path="/data/mnist")
+    assert (large.dataset, large.hidden, large.seeds, large.data_path) == ("mnist", (844, 844, 844), 3, "/data/mnist")
+    assert BenchmarkConfig.from_options().dataset == "mnist1d" and BenchmarkConfig.from_options().seeds == 5
+    with pytest.raises(ValueError, match="dataset='digits'"):
+        BenchmarkConfig.preset("digits", model="paper-430k")
+    with pytest.raises(ValueError, match="dataset='mnist1d-784'"):
+        BenchmarkConfig.preset("mnist1d-784")
+    from daskann.bench.partition_models import accuracy_at
+
+    assert accuracy_at([[1.0, 0.5], [2.0, 0.6], [3.0, 0.7]], 2.5) == 0.6
+    assert accuracy_at([[1.0, 0.5]], 0.5) is None
+
+
 def test_demo_and_notebook(client2, monkeypatch):
     from daskann.partition.demo import run_demo
 

@@ -44,6 +44,18 @@ from daskann import _plotting
 from daskann._validation import check_choice, check_float, check_hidden_sizes, check_int, invalid
 from daskann.bench._machine import partition_machine
 from daskann.bench._report import save_figure, write_json
+from daskann.bench.partition_models import (
+    STAND_IN,
+    add_equal_time_gaps,
+    add_gap_medians,
+    describe,
+    format_paper_acceptance,
+    format_seed_table,
+    load_stand_in,
+    model_settings,
+    paper_acceptance,
+    seed_table,
+)
 from daskann.cluster import client as make_client
 from daskann.cluster import close
 from daskann.data import load_dataset
@@ -102,12 +114,21 @@ class BenchmarkConfig:
     noise: float = 0.02
     data_seed: int = 0
     extra: dict = field(default_factory=dict)
+    model: str | None = None
 
     @classmethod
-    def preset(cls, dataset: str = "mnist1d", **overrides) -> BenchmarkConfig:
-        """The data set's defaults, with ``overrides`` (``None`` values keep the default)."""
-        dataset = check_choice("dataset", dataset, DATASETS)
-        values = dict(PRESETS[dataset], dataset=dataset)
+    def preset(cls, dataset: str | None = None, **overrides) -> BenchmarkConfig:
+        """The data set's defaults, with ``overrides`` (``None`` values keep the default).
+
+        With ``model`` (one of :data:`~daskann.bench.partition_models.MODELS`) the
+        defaults are that paper model's on 784-wide data: ``"mnist"`` when
+        ``data_path`` is given, else the ``"mnist1d-784"`` stand-in.
+        """
+        if overrides.get("model") is not None:
+            values = model_settings(overrides["model"], dataset, overrides.get("data_path"))
+        else:
+            dataset = check_choice("dataset", dataset or "mnist1d", DATASETS)
+            values = dict(PRESETS[dataset], dataset=dataset)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values).validated()
 
@@ -117,7 +138,8 @@ class BenchmarkConfig:
         hidden = opts.get("hidden")
         ks = opts.get("ks")
         return cls.preset(
-            opts.get("dataset") or "mnist1d",
+            opts.get("dataset"),
+            model=opts.get("model"),
             data_path=None if opts.get("data_path") is None else str(opts["data_path"]),
             n_samples=opts.get("n_samples"),
             hidden=None if hidden is None else _int_tuple("hidden", hidden),
@@ -137,7 +159,7 @@ class BenchmarkConfig:
 
     def validated(self) -> BenchmarkConfig:
         """A checked copy; raises before any data loads or task runs."""
-        check_choice("dataset", self.dataset, DATASETS)
+        check_choice("dataset", self.dataset, (*DATASETS, STAND_IN) if self.model else DATASETS)
         hidden = check_hidden_sizes(self.hidden, name="hidden")
         if not self.ks:
             raise invalid("k", self.ks, "at least one number of sub-models")
@@ -201,6 +223,8 @@ def _record(times, accs, target, **extra) -> dict:
 
 
 def _load(config: BenchmarkConfig):
+    if config.dataset == STAND_IN:
+        return load_stand_in(config.n_samples, config.data_seed)
     return load_dataset(config.dataset, n_samples=config.n_samples, path=config.data_path, seed=config.data_seed)
 
 
@@ -253,12 +277,17 @@ def run(client, config: BenchmarkConfig, *, output=None, progress=None) -> dict:
         "benchmark": "partition",
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()},
         "runs": [],
+        **describe(config, data),
     }
     _run_seeds(report, config, data, client, started=started, output=output, say=progress or (lambda line: None))
     report["machine"]["load_average_after"] = _loadavg()
     report["seconds"] = round(time.perf_counter() - started, 2)
     report["summary"] = summarize_runs(report["runs"], config)
+    add_gap_medians(report["summary"], report["runs"])
     report["acceptance"] = acceptance(report["summary"], config)
+    if config.model is not None:
+        report["acceptance"]["paper"] = paper_acceptance(report["summary"], config.model)
+    report["table"] = seed_table(report)
     if output is not None:
         report["files"] = write_report(report, output)
     return report
@@ -365,6 +394,7 @@ def _one_seed(config: BenchmarkConfig, data, client, seed: int, say) -> list[dic
         add(_sequential(s, k, par, record))
     for run in runs:
         run["cpu_time_to_target"] = _cpu_time_to_target(run)
+    add_equal_time_gaps(runs)
     return runs
 
 
@@ -704,8 +734,8 @@ def _plot_panel(ax, report: dict, k: int) -> None:
     ax.legend(fontsize=7, loc="lower right")
 
 
-def format_report(report: dict) -> str:
-    """The table of medians, with the run's settings, machine and acceptance, as text."""
+def _format_header(report: dict) -> list[str]:
+    """The settings, the data and network, and the machine, a line each."""
     lines = []
     echo = lines.append
     m = report["machine"]
@@ -723,6 +753,25 @@ def format_report(report: dict) -> str:
         f"({blas.get('architecture')}), 1 BLAS thread per process; load average {m['load_average_before']} -> "
         f"{m['load_average_after']}"
     )
+    return lines
+
+
+def _format_data(report: dict) -> str:
+    data, model = report["data"], report["model"]
+    name = f"model {model['name']}: " if model["name"] else "network "
+    return (
+        f"{name}{'-'.join(map(str, model['sizes']))}, {model['parameters']:,d} parameters; "
+        f"data {data['dataset']}: {data['description']} ({data['n_train']} training, {data['n_val']} validation rows)"
+    )
+
+
+def format_report(report: dict) -> str:
+    """The table of medians, with the run's settings, machine and acceptance, and the per-seed table, as text."""
+    lines = _format_header(report)
+    echo = lines.append
+    c = report["config"]
+    if "data" in report:
+        lines.insert(1, _format_data(report))
     header = (
         f"{'variant':>14s} {'reached':>8s} {'median ttt (s)':>15s} {'median speedup':>15s} "
         f"{'CPU-time speedup':>17s} {'final acc':>10s} {'vs full (pts)':>14s}"
@@ -752,6 +801,10 @@ def format_report(report: dict) -> str:
         key = f"alone-{k}_never_reached_target"
         if acc.get(key) is not None:
             echo(f"width H/{k} alone reached the target: {'never' if acc[key] else 'YES (the target is too easy)'}")
+    if report.get("table"):
+        lines.extend(format_seed_table(report))
+    if acc.get("paper"):
+        lines.extend(format_paper_acceptance(acc["paper"]))
     if report.get("files"):
         files = report["files"]
         echo(f"report: {files['json']}" + (f", plot: {files['png']}" if files.get("png") else ""))

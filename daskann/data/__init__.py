@@ -10,7 +10,7 @@ from daskann.data._bundled import load_digits
 from daskann.data._cifar import load_cifar10
 from daskann.data._datasets import DATASETS, Dataset, load_dataset
 from daskann.data._idx import load_mnist_idx
-from daskann.data._mnist1d import make_mnist1d
+from daskann.data._mnist1d import make_mnist1d, upsample_signals
 from daskann.data._split import as_dask, train_val_split
 from daskann.data._synthetic import make_linear
 
@@ -28,4 +28,5 @@ __all__ = [
     "make_linear",
     "make_mnist1d",
     "train_val_split",
+    "upsample_signals",
 ]

@@ -163,15 +163,28 @@ def _merge_options(opts: dict) -> dict:
 
 @click.command("partition")
 @click.option(
-    "--dataset", type=click.Choice(["mnist1d", "digits", "mnist", "cifar10"]), default="mnist1d", show_default=True
+    "--dataset",
+    type=click.Choice(["mnist1d", "digits", "mnist", "cifar10"]),
+    default=None,
+    help="Data set and its defaults.  [default: mnist1d; with --model: mnist with --data-path, else MNIST-1D "
+    "upsampled to 784 features]",
+)
+@click.option(
+    "--model",
+    type=click.Choice(["paper-430k", "paper-2.1m"]),
+    default=None,
+    help="A model size of the paper on 784-wide data, with its schedule, target, k=2,4 and 3 seeds: "
+    "784-368-368-10 (428,362 parameters) or 784-844-844-844-10 (2,097,350); other options override.",
 )
 @data_path_option()
 @click.option("--n-samples", type=int, default=None, help="Samples before the split (default: the benchmark's).")
 @click.option(
     "--hidden", default=None, help="Hidden widths of the full network (default: 512,512,512; digits 256,256)."
 )
-@click.option("-k", "--k", "ks", default="2,4", show_default=True, help="Numbers of sub-models, comma-separated.")
-@click.option("--seeds", type=int, default=5, show_default=True, help="Seeds per variant (medians are quoted).")
+@click.option("-k", "--k", "ks", default=None, help="Numbers of sub-models, comma-separated.  [default: 2,4]")
+@click.option(
+    "--seeds", type=int, default=None, help="Seeds per variant (medians are quoted).  [default: 5; 3 with --model]"
+)
 @click.option("--target", type=float, default=None, help="Target validation accuracy in (0, 1].")
 @click.option("--steps", type=int, default=None, help="Training steps of the full network from scratch.")
 @click.option("--sub-steps", type=int, default=None, help="Steps of each sub-model.")
