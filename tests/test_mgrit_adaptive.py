@@ -166,7 +166,7 @@ def test_unstable_serial_training_still_raises():
 def test_grid_bench_rows_and_table():
     from click.testing import CliRunner
 
-    from daskann.mgrit import grid
+    from daskann.bench import mgrit_grid as grid
     from daskann.mgrit.cli import bench_command
 
     rows = grid.run_grid(steps=32, problems=("linear",), lrs=(1e-3,), momenta=(0.0,), log=None)
