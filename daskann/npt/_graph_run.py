@@ -23,7 +23,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
 
 import numpy as np
 from distributed import wait
@@ -31,6 +30,7 @@ from distributed import wait
 from daskann import config
 from daskann.cluster import current_client, worker_addresses
 from daskann.exceptions import WorkerLost
+from daskann.npt._start import RunStart
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
 
@@ -48,21 +48,6 @@ class GraphResult:
     recoveries: int = 0
     timings: dict = field(default_factory=dict)
     state: object = None  # the final GridState (after divergence, the last finite one), alive on the grid
-
-
-class Anchor(NamedTuple):
-    """A state training can restart from after ``step`` steps.
-
-    Held by the client (``model`` and ``velocity``) or, with ``path``, a checkpoint store whose
-    blocks the cells read themselves (then ``model`` and ``velocity`` are None), or, with ``state``,
-    a :class:`GridState` the cells hold (a finished run continued; lost with any of its workers).
-    """
-
-    step: int
-    model: object = None
-    velocity: list | None = None
-    path: str | None = None
-    state: object = None
 
 
 @dataclass(frozen=True)
@@ -101,9 +86,6 @@ class GraphRun:
         Steps submitted ahead of the one whose loss the client waits for.
     max_recoveries : int, optional
         Replays from the same state before giving up (default: ``daskann.npt.graph-replays``).
-    seed : int, optional
-        The state at step 0 is the seeded initialisation of this seed: computed on the cells
-        (:meth:`GraphEngine.born_state`) instead of scattered from the client.
     sizes : tuple of int, optional
         Layer widths (default: those of the starting model, when the client holds it).
     """
@@ -124,22 +106,14 @@ class GraphRun:
     time_offset: float = 0.0
     lookahead: int = 1
     max_recoveries: int | None = None
-    seed: int | None = None
     sizes: tuple | None = None
 
 
-def train_graph(
-    client, grid: ProcessGrid, run: GraphRun, *, model=None, velocity=None, start: int, path=None, state=None
-) -> GraphResult:
-    """Train steps ``start .. run.stop - 1``; see the module docstring.
-
-    The starting state is ``model`` and ``velocity`` (scattered from the client), the
-    :class:`GridState` ``state`` a run on this grid left on it, the checkpoint store ``path`` (read
-    on the cells), or, at step 0 with ``run.seed``, born on the cells.
-    """
+def train_graph(client, grid: ProcessGrid, run: GraphRun, *, start: RunStart) -> GraphResult:
+    """Train steps ``start.step .. run.stop - 1`` from the state ``start``; see the module docstring."""
     max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
-    held = [v.copy() for v in velocity] if velocity is not None else None
-    anchor = Anchor(start, model, held, None if path is None else str(path), state)
+    held = [v.copy() for v in start.velocity] if start.velocity is not None else None
+    anchor = replace(start, velocity=held)
     rows: dict = {}
     t0 = time.perf_counter() - run.time_offset
     task_stream_start = time.time()
@@ -155,14 +129,12 @@ def train_graph(
         except WorkerLost as exc:
             attempt += 1
             new_anchor = exc.args[1] if len(exc.args) > 1 and exc.args[1] is not None else anchor
-            if new_anchor.state is not None:
-                # the cells' state may have left with the worker: only a store or the client can restart it
-                if new_anchor.path is None and new_anchor.model is None:
-                    raise RuntimeError(
-                        f"graph-mode training lost the grid state it continued from, which no checkpoint holds "
-                        f"({exc.args[0]})"
-                    ) from exc
-                new_anchor = new_anchor._replace(state=None)
+            # the cells' state may have left with the worker: only a store or the client can restart it
+            if (new_anchor := new_anchor.without_cells()) is None:
+                raise RuntimeError(
+                    f"graph-mode training lost the grid state it continued from, which no checkpoint holds "
+                    f"({exc.args[0]})"
+                ) from exc
             # the budget is per checkpoint: a replay that reached a new checkpoint made progress
             since_anchor = 1 if new_anchor.step > anchor.step else since_anchor + 1
             anchor = new_anchor
@@ -192,11 +164,13 @@ def _regrid(client, grid: ProcessGrid, timeout: float) -> ProcessGrid:
 class _Attempt:
     """One try at the remaining steps on one grid, under its own key prefix.
 
-    Raises :class:`WorkerLost` carrying the latest :class:`Anchor` (the last
+    Raises :class:`WorkerLost` carrying the latest :class:`RunStart` (the last
     checkpoint reached) when a grid worker leaves.
     """
 
-    def __init__(self, client, grid: ProcessGrid, run: GraphRun, anchor: Anchor, rows: dict, *, prefix: str, t0: float):
+    def __init__(
+        self, client, grid: ProcessGrid, run: GraphRun, anchor: RunStart, rows: dict, *, prefix: str, t0: float
+    ):
         self.run, self.anchor, self.rows, self.prefix, self.t0 = run, anchor, rows, prefix, t0
         self.origin = anchor  # the state this attempt starts from: a diverged run may replay from it
         self.grid = grid
@@ -227,8 +201,8 @@ class _Attempt:
                 if run.validation is not None
                 else None
             )
-            if run.seed is not None and anchor.step == 0:
-                self.states[0] = engine.born_state(run.seed)
+            if anchor.born:
+                self.states[0] = engine.born_state(anchor.seed)
             elif anchor.state is not None:
                 self.states[anchor.step] = anchor.state
             elif anchor.path is not None:
@@ -306,7 +280,7 @@ class _Attempt:
             return
         # each cell writes its blocks; the client commits the store once every digest is back
         path = run.on_checkpoint(done, self.engine.store_layout(), lambda tmp: self._write_blocks(done, tmp))
-        self.anchor = Anchor(done, path=str(path))
+        self.anchor = RunStart(done, path=path)
 
     def _write_blocks(self, done: int, tmp) -> dict:
         """Every block of the state after ``done`` steps written into ``tmp``: ``{array: {"i.j": sha256}}``.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from daskann._options import GroupedOptions, OptionGroup, resolve_group
 from daskann._typing import Activation, FloatDType, Loss, NPTMode, NPTPipeline, Output
 from daskann._validation import check_choice, check_float, invalid
 from daskann.nn import MLP, SGD
+from daskann.npt._start import RunStart
 from daskann.npt.grid import ProcessGrid, parse_grid
 
 MODES = ("auto", "graph", "resident")
@@ -261,23 +262,21 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             history = HistoryRecorder("step")
             # the client holds the starting state only when it was given one (init_model); a checkpoint
             # is read, and the seeded initialisation computed, block by block on the grid's cells
-            model = velocity = born = None
             if ckpt is not None:
-                done = ckpt.step
-                history.extend_from(_previous_history(resume, done))
+                start = RunStart(ckpt.step, path=ckpt.path)
+                history.extend_from(_previous_history(resume, start.step))
             elif init_model is not None:
                 model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
-                velocity, done = SGD.init_state(model.params), 0
+                start = RunStart(0, model, SGD.init_state(model.params))
             else:
-                done, born = 0, settings["seed"]
+                start = RunStart(0, seed=settings["seed"])
             self._sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
-            self._check_checkpoint_space(settings, self._sizes, done, total)
+            self._check_checkpoint_space(settings, self._sizes, start.step, total)
             self._setup_grid(client, npt, self._sizes, settings)
             self._check_block_memory(client, settings)
-            source = None if ckpt is None else ckpt.path
-            if source is not None and store.is_block_store(source):
-                self._verify_store(client, source)
-            self._run(client, model, velocity, done, total, history, born=born, source=source)
+            if start.path is not None and store.is_block_store(start.path):
+                self._verify_store(client, start.path)
+            self._run(client, start, total, history)
         return self
 
     def _resume_info(self, resume, settings, data, order):
@@ -384,16 +383,8 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
                 previous = None
             held = source is None and previous is None
             model, velocity = (self.model_, self.velocity_) if held else (None, None)
-            self._run(
-                client,
-                model,
-                velocity,
-                self.n_steps_,
-                self.n_steps_ + steps,
-                history,
-                source=source,
-                previous=previous,
-            )
+            start = RunStart(self.n_steps_, model, velocity, path=source, state=previous)
+            self._run(client, start, self.n_steps_ + steps, history)
         return self
 
     @property
@@ -585,21 +576,9 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         self.mode_ = mode
         self.recoveries_ = 0
 
-    def _run(
-        self,
-        client,
-        model: MLP | None,
-        velocity,
-        start: int,
-        stop: int,
-        history: HistoryRecorder,
-        *,
-        born: int | None = None,
-        source=None,
-        previous=None,
-    ) -> None:
-        """Train from ``model`` and ``velocity``, or (both None) the store ``source``, the seed ``born`` or
-        the state ``previous`` the cells hold."""
+    def _run(self, client, begin: RunStart, stop: int, history: HistoryRecorder) -> None:
+        """Train steps ``begin.step .. stop - 1`` from the state ``begin``."""
+        start = begin.step
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
@@ -621,19 +600,15 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             eval_steps,
             ckpt_steps,
             offset=history.last_value("time", default=0.0),
-            seed=born,
         )
         self._grid_state = self._final_store = None
-        self.model_, self.velocity_ = model, velocity
+        self.model_, self.velocity_ = begin.model, begin.velocity
         diverged = None
         try:
             if self.mode_ == "graph":
-                diverged = self._run_graph(
-                    client, model, velocity, stretch, history, bar, source=source, previous=previous
-                )
+                diverged = self._run_graph(client, begin, stretch, history, bar)
             else:
-                start_from = _Start(model, velocity, source=source, previous=previous)
-                diverged = self._run_resident(client, start_from, stretch, history, bar)
+                diverged = self._run_resident(client, begin, stretch, history, bar)
         finally:
             bar.close()
             self.n_steps_ = history.last_coord(default=start)
@@ -679,7 +654,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
 
         return save
 
-    def _run_graph(self, client, model, velocity, stretch: _Stretch, history, bar, *, source=None, previous=None):
+    def _run_graph(self, client, begin: RunStart, stretch: _Stretch, history, bar):
         from daskann.npt._graph_run import GraphRun, train_graph
 
         data = self._data
@@ -698,12 +673,9 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             on_checkpoint=self._block_checkpoint_fn(stretch.stop),
             progress=lambda done, loss: bar.update(done, loss=loss),
             time_offset=stretch.offset,
-            seed=stretch.seed,
             sizes=tuple(self._sizes),
         )
-        result = train_graph(
-            client, self.grid_, run, model=model, velocity=velocity, start=stretch.start, path=source, state=previous
-        )
+        result = train_graph(client, self.grid_, run, start=begin)
         for done in sorted(result.rows):
             history.append(done, **result.rows[done])
         # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
@@ -725,7 +697,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             return _CHAINS[self._npt["pipeline"]]
         return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
 
-    def _run_resident(self, client, start_from: _Start, stretch: _Stretch, history, bar):
+    def _run_resident(self, client, start_from: RunStart, stretch: _Stretch, history, bar):
         """Resident stretches between checkpoints; the state stays on the cells, which also write the stores."""
         t0 = time.perf_counter() - stretch.offset
         save = self._block_checkpoint_fn(stretch.stop)
@@ -735,7 +707,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
                 continue
             writes = save if seg_stop in stretch.ckpt_steps else None
             result, path, seg_t0, attempts = self._resident_segment(
-                client, start_from, current, seg_stop, stretch, attempts, save=writes
+                client, start_from, seg_stop, stretch, attempts, save=writes
             )
             self._record_resident(result, current, seg_t0 - t0, time.perf_counter() - seg_t0, history, bar)
             self._grid_state, self.model_, self.velocity_ = result.state, None, None
@@ -745,7 +717,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
                 return result.diverged_step, "the loss, its gradients or the weights"
             current = seg_stop
             # the next stretch continues from the cells' memory, or after a lost worker, from the store
-            start_from = _Start(source=path, previous=result.state)
+            start_from = RunStart(seg_stop, path=path, state=result.state)
         self._keep_if_closing()
         return None
 
@@ -755,9 +727,9 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             self.model_, self.velocity_ = self._gather_grid(self._grid_state)
 
     def _resident_segment(
-        self, client, start_from: _Start, start: int, stop: int, stretch: _Stretch, attempts: int, *, save=None
+        self, client, start_from: RunStart, stop: int, stretch: _Stretch, attempts: int, *, save=None
     ):
-        """Steps ``start .. stop - 1`` in resident mode, restarted on the workers there are if a grid worker left.
+        """Steps ``start_from.step .. stop - 1`` in resident mode, restarted on the workers there are after a loss.
 
         With ``save`` (see :meth:`_block_checkpoint_fn`), the cells then write the checkpoint of step ``stop``.
         Returns the result, the checkpoint's path (or None), when the (successful) try began, and the tries
@@ -775,23 +747,18 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
                 result = train_resident(
                     client,
                     self.grid_,
-                    model=start_from.model,
-                    velocity=start_from.velocity,
+                    start=start_from,
                     sizes=self._sizes,
-                    source=start_from.source if start_from.previous is None else None,
-                    previous=start_from.previous,
                     keep=True,
                     X=data.X,
                     y=data.y,
                     order=self.batch_order_,
                     settings=self._settings,
-                    start=start,
                     stop=stop,
                     run_id=f"{stretch.run_id}-r{attempts}",
                     timeout=self._npt["timeout"],
                     eval_fn=(lambda d: d in stretch.eval_steps) if stretch.eval_steps else None,
                     validation=data.validation,
-                    seed=stretch.seed if start == 0 and start_from.model is None else None,
                 )
                 path = None
                 if save is not None and result.diverged_step is None:
@@ -804,7 +771,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
                     raise
                 if restarts >= (max_restarts := config.count("npt.resident-restarts")):
                     raise ResidentError(
-                        f"resident training lost grid workers {restarts + 1} times since step {start}; "
+                        f"resident training lost grid workers {restarts + 1} times since step {start_from.step}; "
                         f"giving up after {max_restarts} restarts from that state ({exc})"
                     ) from exc
                 # a worker left: restart this stretch from its starting state on the workers there are
@@ -812,7 +779,10 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
                 restarts += 1
                 self.recoveries_ += 1
                 self.grid_ = _regrid(client, self.grid_, self._npt["timeout"])
-                start_from = start_from.after_regrid(exc)
+                if (start_from := start_from.without_cells()) is None:
+                    raise ResidentError(
+                        f"resident training lost a grid worker and, with it, state no checkpoint holds ({exc})"
+                    ) from exc
 
     def _record_resident(self, result, start: int, clock: float, elapsed: float, history, bar) -> None:
         """History rows of a resident segment that began ``clock`` seconds into the run and took ``elapsed``.
@@ -837,33 +807,6 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
 
 
 @dataclass(frozen=True)
-class _Start:
-    """The state a resident stretch starts from, in order of preference.
-
-    ``previous``: the state the cells hold (a :class:`daskann.npt.resident.ResidentState`); ``source``:
-    a checkpoint store they read; ``model`` and ``velocity``: held by the client. With none, the
-    seeded initialisation, computed on the cells.
-    """
-
-    model: MLP | None = None
-    velocity: list | None = None
-    source: object = None
-    previous: object = None
-
-    def after_regrid(self, cause: Exception) -> _Start:
-        """Where a restart on a new grid begins: the cells' memory is gone with the worker that left."""
-        if self.previous is None:
-            return self
-        if self.source is None:
-            from daskann.npt.resident import ResidentError
-
-            raise ResidentError(
-                f"resident training lost a grid worker and, with it, state no checkpoint holds ({cause})"
-            ) from cause
-        return replace(self, previous=None)
-
-
-@dataclass(frozen=True)
 class _Stretch:
     """Steps ``start .. stop - 1`` of one ``fit`` or ``partial_fit`` call and what happens along the way."""
 
@@ -873,7 +816,6 @@ class _Stretch:
     eval_steps: frozenset  # step counts after which the validation set is evaluated
     ckpt_steps: frozenset  # step counts after which a checkpoint is saved
     offset: float = 0.0  # seconds already on the history's clock
-    seed: int | None = None  # the state at step 0 is this seed's initialisation, computed on the cells
 
 
 def _is_resident(state) -> bool:
