@@ -11,9 +11,9 @@ worker, lays the same grid onto the workers there are now (sharing workers
 if the cluster shrank) and replays the steps since the last state it holds
 (the start, or the last checkpoint). Tasks are pure and every attempt has
 its own key prefix, so the replayed steps give exactly the same numbers.
-Training gives up after ``max_recoveries`` replays from the same state; a
-replay that reaches a new checkpoint renews the budget, so a long run with
-checkpoints survives any number of spaced-out worker losses.
+Training gives up with :class:`~daskann.exceptions.LostWorkersError` after
+``max_recoveries`` replays from the same state; a replay that reaches a new
+checkpoint renews the budget (see :mod:`daskann.npt._replay`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from distributed import wait
 from daskann import config
 from daskann.cluster import current_client, worker_addresses
 from daskann.exceptions import WorkerLost
+from daskann.npt._replay import Replays
 from daskann.npt._start import RunStart
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
@@ -113,52 +114,21 @@ def train_graph(client, grid: ProcessGrid, run: GraphRun, *, start: RunStart) ->
     """Train steps ``start.step .. run.stop - 1`` from the state ``start``; see the module docstring."""
     max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
     held = [v.copy() for v in start.velocity] if start.velocity is not None else None
-    anchor = replace(start, velocity=held)
     rows: dict = {}
     t0 = time.perf_counter() - run.time_offset
     task_stream_start = time.time()
     client.get_task_stream(start=task_stream_start)  # makes the scheduler record from now on
-    attempt = 0  # replays so far (each has its own key prefix)
-    since_anchor = 0  # replays since the state they restart from was saved
-    while True:
-        try:
-            result = _Attempt(client, grid, run, anchor, rows, prefix=f"{run.run_id}-a{attempt}", t0=t0).train()
-            result.grid, result.recoveries = grid, attempt
-            _add_timings(client, result, run.run_id, task_stream_start, grid)
-            return result
-        except WorkerLost as exc:
-            attempt += 1
-            new_anchor = exc.args[1] if len(exc.args) > 1 and exc.args[1] is not None else anchor
-            # the cells' state may have left with the worker: only a store or the client can restart it
-            if (new_anchor := new_anchor.without_cells()) is None:
-                raise RuntimeError(
-                    f"graph-mode training lost the grid state it continued from, which no checkpoint holds "
-                    f"({exc.args[0]})"
-                ) from exc
-            # the budget is per checkpoint: a replay that reached a new checkpoint made progress
-            since_anchor = 1 if new_anchor.step > anchor.step else since_anchor + 1
-            anchor = new_anchor
-            if since_anchor > max_recoveries:
-                raise RuntimeError(
-                    f"graph-mode training lost workers {since_anchor} times since step {anchor.step} "
-                    f"({exc.args[0]}); giving up after {max_recoveries} replays"
-                ) from exc
-            for done in [d for d in rows if d > anchor.step]:
-                del rows[done]
-            grid = _regrid(client, grid, run.timeout)
+    replays = Replays(client, grid, what="graph-mode training", budget=max_recoveries, timeout=run.timeout)
 
+    def attempt(grid: ProcessGrid, anchor: RunStart, number: int) -> GraphResult:
+        for done in [d for d in rows if d > anchor.step]:
+            del rows[done]  # recorded by a try that did not finish: replayed from the anchor
+        return _Attempt(client, grid, run, anchor, rows, prefix=f"{run.run_id}-a{number}", t0=t0).train()
 
-def _regrid(client, grid: ProcessGrid, timeout: float) -> ProcessGrid:
-    """The same grid shape on the workers there are now (the nanny usually restarts a lost one)."""
-    wanted = len(set(grid.workers))
-    try:
-        client.wait_for_workers(wanted, timeout=min(config.seconds("npt.regrid-timeout"), timeout))
-    except (TimeoutError, OSError):
-        pass
-    workers = worker_addresses(client)
-    if not workers:
-        raise RuntimeError("graph-mode training lost every worker of the cluster")
-    return ProcessGrid.from_workers(grid.shape, workers, share_workers=True)
+    result = replays.run(replace(start, velocity=held), attempt)
+    result.grid, result.recoveries = replays.grid, replays.tries
+    _add_timings(client, result, run.run_id, task_stream_start, replays.grid)
+    return result
 
 
 class _Attempt:

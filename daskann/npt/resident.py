@@ -33,7 +33,7 @@ import numpy as np
 from daskann import config
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import check_float, check_int, invalid
-from daskann.exceptions import ResidentError
+from daskann.exceptions import LostWorkersError, ResidentError
 from daskann.nn import MLP
 from daskann.npt._exchange import (
     ExchangeAborted,
@@ -49,6 +49,7 @@ from daskann.npt.grid import split_bounds
 
 __all__ = [
     "ResidentError",
+    "ResidentLostWorkers",
     "ResidentResult",
     "ResidentState",
     "RunStart",
@@ -56,6 +57,10 @@ __all__ = [
     "exchange_latency",
     "train_resident",
 ]
+
+
+class ResidentLostWorkers(LostWorkersError, ResidentError):
+    """Resident training gave up after losing workers: a :class:`ResidentError`, as it has always been."""
 
 
 @dataclass

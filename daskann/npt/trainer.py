@@ -6,6 +6,7 @@ import operator
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -16,7 +17,9 @@ from daskann._history import HistoryRecorder
 from daskann._options import GroupedOptions, OptionGroup, resolve_group
 from daskann._typing import Activation, FloatDType, Loss, NPTMode, NPTPipeline, Output
 from daskann._validation import check_choice, check_float, invalid
+from daskann.exceptions import WorkerLost
 from daskann.nn import MLP, SGD
+from daskann.npt._replay import Replays
 from daskann.npt._start import RunStart
 from daskann.npt.grid import ProcessGrid, parse_grid
 
@@ -699,23 +702,34 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
 
     def _run_resident(self, client, start_from: RunStart, stretch: _Stretch, history, bar):
         """Resident stretches between checkpoints; the state stays on the cells, which also write the stores."""
+        from daskann.npt.resident import ResidentLostWorkers
+
         t0 = time.perf_counter() - stretch.offset
         save = self._block_checkpoint_fn(stretch.stop)
-        current, attempts = stretch.start, 0
+        budget, recoveries = config.count("npt.resident-restarts"), self.recoveries_
+        replays = Replays(
+            client,
+            self.grid_,
+            what="resident training",
+            budget=budget,
+            timeout=self._npt["timeout"],
+            error=ResidentLostWorkers,
+        )
         for seg_stop in sorted(stretch.ckpt_steps | {stretch.stop}):
-            if seg_stop <= current:
+            if seg_stop <= start_from.step:
                 continue
             writes = save if seg_stop in stretch.ckpt_steps else None
-            result, path, seg_t0, attempts = self._resident_segment(
-                client, start_from, seg_stop, stretch, attempts, save=writes
-            )
-            self._record_resident(result, current, seg_t0 - t0, time.perf_counter() - seg_t0, history, bar)
+            segment = partial(self._resident_segment, client, stop=seg_stop, stretch=stretch, save=writes)
+            try:
+                result, path, seg_t0 = replays.run(start_from, segment)
+            finally:
+                self.grid_, self.recoveries_ = replays.grid, recoveries + replays.tries
+            self._record_resident(result, start_from.step, seg_t0 - t0, time.perf_counter() - seg_t0, history, bar)
             self._grid_state, self.model_, self.velocity_ = result.state, None, None
             if result.diverged_step is not None:
                 # the cells rolled back to the last finite state: model_ reads it when touched
                 self._keep_if_closing()
                 return result.diverged_step, "the loss, its gradients or the weights"
-            current = seg_stop
             # the next stretch continues from the cells' memory, or after a lost worker, from the store
             start_from = RunStart(seg_stop, path=path, state=result.state)
         self._keep_if_closing()
@@ -726,63 +740,45 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         if self._final_store is None and self.client is None and self._live_grid_state() is not None:
             self.model_, self.velocity_ = self._gather_grid(self._grid_state)
 
-    def _resident_segment(
-        self, client, start_from: RunStart, stop: int, stretch: _Stretch, attempts: int, *, save=None
-    ):
-        """Steps ``start_from.step .. stop - 1`` in resident mode, restarted on the workers there are after a loss.
+    def _resident_segment(self, client, grid, start_from: RunStart, number: int, *, stop: int, stretch: _Stretch, save):
+        """Try ``number`` at steps ``start_from.step .. stop - 1`` in resident mode on ``grid``.
 
         With ``save`` (see :meth:`_block_checkpoint_fn`), the cells then write the checkpoint of step ``stop``.
-        Returns the result, the checkpoint's path (or None), when the (successful) try began, and the tries
-        of the stretch so far.
+        Returns the result, the checkpoint's path (or None) and when the try began; raises
+        :class:`WorkerLost` if a grid worker left.
         """
         from daskann.cluster import worker_addresses
-        from daskann.npt._graph_run import _regrid
         from daskann.npt.resident import ResidentError, train_resident
 
         data = self._data
-        restarts = 0  # the budget is per checkpoint interval, as graph mode's replays
-        while True:
-            seg_t0 = time.perf_counter()
-            try:
-                result = train_resident(
-                    client,
-                    self.grid_,
-                    start=start_from,
-                    sizes=self._sizes,
-                    keep=True,
-                    X=data.X,
-                    y=data.y,
-                    order=self.batch_order_,
-                    settings=self._settings,
-                    stop=stop,
-                    run_id=f"{stretch.run_id}-r{attempts}",
-                    timeout=self._npt["timeout"],
-                    eval_fn=(lambda d: d in stretch.eval_steps) if stretch.eval_steps else None,
-                    validation=data.validation,
-                )
-                path = None
-                if save is not None and result.diverged_step is None:
-                    state = result.state
-                    path = save(stop, state.layout.store_layout(state.dtype), state.save)
-                return result, path, seg_t0, attempts
-            except ResidentError as exc:
-                alive = set(worker_addresses(client))
-                if set(self.grid_.workers) <= alive:
-                    raise
-                if restarts >= (max_restarts := config.count("npt.resident-restarts")):
-                    raise ResidentError(
-                        f"resident training lost grid workers {restarts + 1} times since step {start_from.step}; "
-                        f"giving up after {max_restarts} restarts from that state ({exc})"
-                    ) from exc
-                # a worker left: restart this stretch from its starting state on the workers there are
-                attempts += 1
-                restarts += 1
-                self.recoveries_ += 1
-                self.grid_ = _regrid(client, self.grid_, self._npt["timeout"])
-                if (start_from := start_from.without_cells()) is None:
-                    raise ResidentError(
-                        f"resident training lost a grid worker and, with it, state no checkpoint holds ({exc})"
-                    ) from exc
+        seg_t0 = time.perf_counter()
+        try:
+            result = train_resident(
+                client,
+                grid,
+                start=start_from,
+                sizes=self._sizes,
+                keep=True,
+                X=data.X,
+                y=data.y,
+                order=self.batch_order_,
+                settings=self._settings,
+                stop=stop,
+                run_id=f"{stretch.run_id}-r{number}",
+                timeout=self._npt["timeout"],
+                eval_fn=(lambda d: d in stretch.eval_steps) if stretch.eval_steps else None,
+                validation=data.validation,
+            )
+            path = None
+            if save is not None and result.diverged_step is None:
+                state = result.state
+                path = save(stop, state.layout.store_layout(state.dtype), state.save)
+            return result, path, seg_t0
+        except ResidentError as exc:
+            if set(grid.workers) <= set(worker_addresses(client)):
+                raise
+            # a worker left: restart this stretch from its starting state on the workers there are
+            raise WorkerLost(str(exc), None) from exc
 
     def _record_resident(self, result, start: int, clock: float, elapsed: float, history, bar) -> None:
         """History rows of a resident segment that began ``clock`` seconds into the run and took ``elapsed``.
