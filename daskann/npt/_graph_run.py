@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -32,6 +31,7 @@ from daskann.cluster import current_client, worker_addresses
 from daskann.exceptions import WorkerLost
 from daskann.npt._replay import Replays
 from daskann.npt._start import RunStart
+from daskann.npt._stretch import Outcome, Stretch
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
 
@@ -51,66 +51,17 @@ class GraphResult:
     state: object = None  # the final GridState (after divergence, the last finite one), alive on the grid
 
 
-@dataclass(frozen=True)
-class GraphRun:
-    """What a graph-mode run is asked to do: fixed for the whole run, every replay included.
-
-    Attributes
-    ----------
-    X, y : ndarray
-        Validated training data.
-    validation : (X_val, y_val) or None
-        Evaluated on the grid at ``eval_steps``.
-    order : daskann.data.BatchOrder
-        Step ``i`` trains on rows ``order.indices(i)``.
-    settings : dict
-        Validated trainer settings.
-    stop : int
-        Steps done when training ends.
-    run_id : str
-        Prefix of every task key of the run (each replay adds ``-a<n>``).
-    chains : {0, 1, 2}
-        Accumulation chains per block product (see :class:`daskann.npt.graph_mode.GraphEngine`).
-    timeout : float
-        Seconds without a finished step before training fails.
-    eval_steps, checkpoint_steps : frozenset of int
-        Step counts after which to evaluate ``validation`` and to call ``on_checkpoint``.
-    on_checkpoint : callable, optional
-        ``on_checkpoint(step, layout, write) -> path``: writes the checkpoint store at ``path`` whose
-        arrays ``layout`` describes (:func:`daskann.store.write_block_group`), ``write(tmp)`` writing
-        every block from its cell; the store saved is where replays restart.
-    progress : callable, optional
-        ``progress(step, loss)`` after every step.
-    time_offset : float
-        Seconds already on the history's clock (a resumed or continued run).
-    lookahead : int
-        Steps submitted ahead of the one whose loss the client waits for.
-    max_recoveries : int, optional
-        Replays from the same state before giving up (default: ``daskann.npt.graph-replays``).
-    sizes : tuple of int, optional
-        Layer widths (default: those of the starting model, when the client holds it).
-    """
-
-    X: object
-    y: object
-    validation: tuple | None
-    order: object
-    settings: dict
-    stop: int
-    run_id: str
-    chains: int
-    timeout: float
-    eval_steps: frozenset = frozenset()
-    checkpoint_steps: frozenset = frozenset()
-    on_checkpoint: Callable | None = None
-    progress: Callable | None = None
-    time_offset: float = 0.0
-    lookahead: int = 1
-    max_recoveries: int | None = None
-    sizes: tuple | None = None
+def run_graph(client, run: Stretch, start: RunStart, outcome: Outcome) -> None:
+    """Graph mode from ``start`` on ``outcome.grid``: its history rows, grid and final state go into ``outcome``."""
+    result = train_graph(client, outcome.grid, run, start=start)
+    for done in sorted(result.rows):
+        outcome.history.append(done, **result.rows[done])
+    outcome.grid, outcome.recoveries, outcome.state = result.grid, result.recoveries, result.state
+    if result.diverged_step is not None:
+        outcome.diverged = (result.diverged_step, result.diverged_what)
 
 
-def train_graph(client, grid: ProcessGrid, run: GraphRun, *, start: RunStart) -> GraphResult:
+def train_graph(client, grid: ProcessGrid, run: Stretch, *, start: RunStart) -> GraphResult:
     """Train steps ``start.step .. run.stop - 1`` from the state ``start``; see the module docstring."""
     max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
     held = [v.copy() for v in start.velocity] if start.velocity is not None else None
@@ -139,13 +90,13 @@ class _Attempt:
     """
 
     def __init__(
-        self, client, grid: ProcessGrid, run: GraphRun, anchor: RunStart, rows: dict, *, prefix: str, t0: float
+        self, client, grid: ProcessGrid, run: Stretch, anchor: RunStart, rows: dict, *, prefix: str, t0: float
     ):
         self.run, self.anchor, self.rows, self.prefix, self.t0 = run, anchor, rows, prefix, t0
         self.origin = anchor  # the state this attempt starts from: a diverged run may replay from it
         self.grid = grid
         self.engine = GraphEngine(
-            client, grid, sizes=run.sizes or anchor.model.sizes, settings=run.settings, prefix=prefix, chains=run.chains
+            client, grid, sizes=run.sizes, settings=run.settings, prefix=prefix, chains=run.chains
         )
         self.watch = _Watchdog(client, grid, run.timeout)
         self.states: dict = {}  # steps done -> GridState

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import operator
-import time
 import uuid
-from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
-from daskann import config
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._dask_input import is_dask_array
 from daskann._history import HistoryRecorder
 from daskann._options import GroupedOptions, OptionGroup, resolve_group
 from daskann._typing import Activation, FloatDType, Loss, NPTMode, NPTPipeline, Output
 from daskann._validation import check_choice, check_float, invalid
-from daskann.exceptions import WorkerLost
 from daskann.nn import MLP, SGD
-from daskann.npt._replay import Replays
 from daskann.npt._start import RunStart
+from daskann.npt._stretch import Outcome, Stretch
 from daskann.npt.grid import ProcessGrid, parse_grid
 
 MODES = ("auto", "graph", "resident")
@@ -580,55 +575,80 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         self.recoveries_ = 0
 
     def _run(self, client, begin: RunStart, stop: int, history: HistoryRecorder) -> None:
-        """Train steps ``begin.step .. stop - 1`` from the state ``begin``."""
-        start = begin.step
+        """Train steps ``begin.step .. stop - 1`` from the state ``begin``, by the engine of ``mode_``."""
+        if self.mode_ == "graph":
+            from daskann.npt._graph_run import run_graph as engine
+        else:
+            from daskann.npt._resident_run import run_resident as engine
+
+        bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=begin.step)
+        offset = history.last_value("time", default=0.0)
+        run = self._stretch(begin.step, stop, offset, lambda done, loss: bar.update(done, loss=loss))
+        outcome = Outcome(self.grid_, history)
+        self._grid_state = self._final_store = None
+        self.model_, self.velocity_ = begin.model, begin.velocity
+        try:
+            engine(client, run, begin, outcome)
+        finally:
+            bar.close()
+            self._adopt(outcome)
+            self.n_steps_ = history.last_coord(default=begin.step)
+            self.history_ = history.to_dataset(self._run_attrs(run))
+        self._keep_if_closing()
+        if outcome.diverged is not None:
+            raise TrainingDiverged(*outcome.diverged)
+
+    def _stretch(self, start: int, stop: int, offset: float, progress) -> Stretch:
+        """What the engine runs: steps ``start .. stop - 1`` of this fit, its evaluations and checkpoints."""
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
-        eval_steps = (
-            frozenset(d for d in range(start + 1, stop + 1) if d % eval_every == 0 or d == stop)
-            if data.validation is not None
-            else frozenset()
+        steps = range(start + 1, stop + 1)
+        evaluated = data.validation is not None
+        return Stretch(
+            X=data.X,
+            y=data.y,
+            validation=data.validation,
+            order=order,
+            settings=settings,
+            sizes=tuple(self._sizes),
+            stop=stop,
+            run_id=f"daskann-npt-{uuid.uuid4().hex[:12]}",
+            timeout=self._npt["timeout"],
+            eval_steps=frozenset(d for d in steps if evaluated and (d % eval_every == 0 or d == stop)),
+            checkpoint_steps=frozenset(
+                d
+                for d in steps
+                if self.checkpoint_dir is not None and (d == stop or (ckpt_every and d % ckpt_every == 0))
+            ),
+            on_checkpoint=self._block_checkpoint_fn(stop),
+            progress=progress,
+            time_offset=offset,
+            chains=self._chains(self._sizes) if self.mode_ == "graph" else 0,
         )
-        ckpt_steps = (
-            frozenset(d for d in range(start + 1, stop + 1) if d == stop or (ckpt_every and d % ckpt_every == 0))
-            if self.checkpoint_dir is not None
-            else frozenset()
+
+    def _adopt(self, outcome: Outcome) -> None:
+        """The grid, the replays and the state on the cells of a run, as far as it came."""
+        self.grid_ = outcome.grid
+        self.recoveries_ += outcome.recoveries
+        if outcome.state is not None:
+            # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
+            self._grid_state, self.model_, self.velocity_ = outcome.state, None, None
+
+    def _run_attrs(self, run: Stretch) -> dict:
+        """The history's attributes: the settings, and the grid, mode and replays of the run."""
+        attrs = self._history_attrs(self._settings)
+        attrs.update(
+            {
+                "grid": f"{self.grid_.rows}x{self.grid_.cols}",
+                "mode": self.mode_,
+                "workers": len(set(self.grid_.workers)),
+                "recoveries": int(self.recoveries_),
+            }
         )
-        bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=start)
-        stretch = _Stretch(
-            start,
-            stop,
-            f"daskann-npt-{uuid.uuid4().hex[:12]}",
-            eval_steps,
-            ckpt_steps,
-            offset=history.last_value("time", default=0.0),
-        )
-        self._grid_state = self._final_store = None
-        self.model_, self.velocity_ = begin.model, begin.velocity
-        diverged = None
-        try:
-            if self.mode_ == "graph":
-                diverged = self._run_graph(client, begin, stretch, history, bar)
-            else:
-                diverged = self._run_resident(client, begin, stretch, history, bar)
-        finally:
-            bar.close()
-            self.n_steps_ = history.last_coord(default=start)
-            attrs = self._history_attrs(settings)
-            attrs.update(
-                {
-                    "grid": f"{self.grid_.rows}x{self.grid_.cols}",
-                    "mode": self.mode_,
-                    "workers": len(set(self.grid_.workers)),
-                    "recoveries": int(self.recoveries_),
-                }
-            )
-            if self.mode_ == "graph":
-                attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[self._chains(self._sizes)]
-            self.history_ = history.to_dataset(attrs)
-        if diverged is not None:
-            raise TrainingDiverged(*diverged)
+        if self.mode_ == "graph":
+            attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[run.chains]
+        return attrs
 
     def _block_checkpoint_fn(self, stop: int):
         """``save(step, layout, write) -> path``: a store whose blocks the cells write, committed here.
@@ -657,42 +677,6 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
 
         return save
 
-    def _run_graph(self, client, begin: RunStart, stretch: _Stretch, history, bar):
-        from daskann.npt._graph_run import GraphRun, train_graph
-
-        data = self._data
-        run = GraphRun(
-            X=data.X,
-            y=data.y,
-            validation=data.validation,
-            order=self.batch_order_,
-            settings=self._settings,
-            stop=stretch.stop,
-            run_id=stretch.run_id,
-            chains=self._chains(self._sizes),
-            timeout=self._npt["timeout"],
-            eval_steps=stretch.eval_steps,
-            checkpoint_steps=stretch.ckpt_steps,
-            on_checkpoint=self._block_checkpoint_fn(stretch.stop),
-            progress=lambda done, loss: bar.update(done, loss=loss),
-            time_offset=stretch.offset,
-            sizes=tuple(self._sizes),
-        )
-        result = train_graph(client, self.grid_, run, start=begin)
-        for done in sorted(result.rows):
-            history.append(done, **result.rows[done])
-        # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
-        self.model_, self.velocity_ = result.model, result.velocity
-        self._grid_state = result.state
-        self.grid_ = result.grid
-        if result.model is None and self._final_store is None and self.client is None:
-            # the cluster of client=None may close after fit: gather while it runs
-            self.model_, self.velocity_ = self._gather_grid(result.state)
-        self.recoveries_ += result.recoveries
-        if result.diverged_step is not None:
-            return result.diverged_step, result.diverged_what
-        return None
-
     def _chains(self, sizes) -> int:
         from daskann.npt.costmodel import pipeline_chains
 
@@ -700,118 +684,10 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             return _CHAINS[self._npt["pipeline"]]
         return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
 
-    def _run_resident(self, client, start_from: RunStart, stretch: _Stretch, history, bar):
-        """Resident stretches between checkpoints; the state stays on the cells, which also write the stores."""
-        from daskann.npt.resident import ResidentLostWorkers
-
-        t0 = time.perf_counter() - stretch.offset
-        save = self._block_checkpoint_fn(stretch.stop)
-        budget, recoveries = config.count("npt.resident-restarts"), self.recoveries_
-        replays = Replays(
-            client,
-            self.grid_,
-            what="resident training",
-            budget=budget,
-            timeout=self._npt["timeout"],
-            error=ResidentLostWorkers,
-        )
-        for seg_stop in sorted(stretch.ckpt_steps | {stretch.stop}):
-            if seg_stop <= start_from.step:
-                continue
-            writes = save if seg_stop in stretch.ckpt_steps else None
-            segment = partial(self._resident_segment, client, stop=seg_stop, stretch=stretch, save=writes)
-            try:
-                result, path, seg_t0 = replays.run(start_from, segment)
-            finally:
-                self.grid_, self.recoveries_ = replays.grid, recoveries + replays.tries
-            self._record_resident(result, start_from.step, seg_t0 - t0, time.perf_counter() - seg_t0, history, bar)
-            self._grid_state, self.model_, self.velocity_ = result.state, None, None
-            if result.diverged_step is not None:
-                # the cells rolled back to the last finite state: model_ reads it when touched
-                self._keep_if_closing()
-                return result.diverged_step, "the loss, its gradients or the weights"
-            # the next stretch continues from the cells' memory, or after a lost worker, from the store
-            start_from = RunStart(seg_stop, path=path, state=result.state)
-        self._keep_if_closing()
-        return None
-
     def _keep_if_closing(self) -> None:
         """Gather a final state held on the grid alone while its cluster runs, if that cluster closes after fit."""
         if self._final_store is None and self.client is None and self._live_grid_state() is not None:
             self.model_, self.velocity_ = self._gather_grid(self._grid_state)
-
-    def _resident_segment(self, client, grid, start_from: RunStart, number: int, *, stop: int, stretch: _Stretch, save):
-        """Try ``number`` at steps ``start_from.step .. stop - 1`` in resident mode on ``grid``.
-
-        With ``save`` (see :meth:`_block_checkpoint_fn`), the cells then write the checkpoint of step ``stop``.
-        Returns the result, the checkpoint's path (or None) and when the try began; raises
-        :class:`WorkerLost` if a grid worker left.
-        """
-        from daskann.cluster import worker_addresses
-        from daskann.npt.resident import ResidentError, train_resident
-
-        data = self._data
-        seg_t0 = time.perf_counter()
-        try:
-            result = train_resident(
-                client,
-                grid,
-                start=start_from,
-                sizes=self._sizes,
-                keep=True,
-                X=data.X,
-                y=data.y,
-                order=self.batch_order_,
-                settings=self._settings,
-                stop=stop,
-                run_id=f"{stretch.run_id}-r{number}",
-                timeout=self._npt["timeout"],
-                eval_fn=(lambda d: d in stretch.eval_steps) if stretch.eval_steps else None,
-                validation=data.validation,
-            )
-            path = None
-            if save is not None and result.diverged_step is None:
-                state = result.state
-                path = save(stop, state.layout.store_layout(state.dtype), state.save)
-            return result, path, seg_t0
-        except ResidentError as exc:
-            if set(grid.workers) <= set(worker_addresses(client)):
-                raise
-            # a worker left: restart this stretch from its starting state on the workers there are
-            raise WorkerLost(str(exc), None) from exc
-
-    def _record_resident(self, result, start: int, clock: float, elapsed: float, history, bar) -> None:
-        """History rows of a resident segment that began ``clock`` seconds into the run and took ``elapsed``.
-
-        The segment's wall time is shared out over its steps in proportion to each step's compute and comm time.
-        """
-        busy = sum(r["compute_time"] + r["comm_time"] for r in result.rows) or 1.0
-        for k, row in enumerate(result.rows):
-            done = start + k + 1
-            clock += (row["compute_time"] + row["comm_time"]) * elapsed / busy
-            values = {
-                "loss": row["loss"],
-                "time": clock,
-                "compute_time": row["compute_time"],
-                "comm_time": row["comm_time"],
-                "bytes_moved": float(row["bytes_moved"]),
-            }
-            # evaluated by the cells: neither the model nor the validation data came to the client
-            values.update(result.evaluations.get(done, {}))
-            history.append(done, **values)
-            bar.update(done, loss=row["loss"])
-
-
-@dataclass(frozen=True)
-class _Stretch:
-    """Steps ``start .. stop - 1`` of one ``fit`` or ``partial_fit`` call and what happens along the way."""
-
-    start: int
-    stop: int
-    run_id: str  # prefix of every task key of the stretch
-    eval_steps: frozenset  # step counts after which the validation set is evaluated
-    ckpt_steps: frozenset  # step counts after which a checkpoint is saved
-    offset: float = 0.0  # seconds already on the history's clock
 
 
 def _is_resident(state) -> bool:
