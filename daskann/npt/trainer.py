@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import operator
 import uuid
 
 import numpy as np
 
 from daskann._base import BaseTrainer, TrainingDiverged
-from daskann._dask_input import is_dask_array
 from daskann._history import HistoryRecorder
 from daskann._options import GroupedOptions, OptionGroup, resolve_group
 from daskann._typing import Activation, FloatDType, Loss, NPTMode, NPTPipeline, Output
 from daskann._validation import check_choice, check_float, invalid
+from daskann.cluster import check_worker_memory
 from daskann.nn import MLP, SGD
+from daskann.npt._checkpoints import block_checkpoint_writer, previous_history, verify_store
+from daskann.npt._grid_results import gather_state, grid_logits, state_biases, state_client, state_weights
+from daskann.npt._setup import check_block_memory, grid_and_mode
 from daskann.npt._start import RunStart
 from daskann.npt._stretch import Outcome, Stretch
 from daskann.npt.grid import ProcessGrid, parse_grid
@@ -252,8 +254,6 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         with resolve_client(self.client) as client, current_client(client), self._run_lock():
             workers = self._check_cluster(client, npt)
             # a column band of X per grid column stays on one worker
-            from daskann.cluster import check_worker_memory
-
             bands = min(npt["grid"][1], len(workers)) if npt["grid"] != "auto" else len(workers)
             check_worker_memory(client, data.X.nbytes // max(bands, 1), name="X")
             self._settings, self._data, self.batch_order_, self._npt = settings, data, order, npt
@@ -262,7 +262,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             # is read, and the seeded initialisation computed, block by block on the grid's cells
             if ckpt is not None:
                 start = RunStart(ckpt.step, path=ckpt.path)
-                history.extend_from(_previous_history(resume, start.step))
+                history.extend_from(previous_history(resume, start.step))
             elif init_model is not None:
                 model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
                 start = RunStart(0, model, SGD.init_state(model.params))
@@ -271,9 +271,9 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             self._sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
             self._check_checkpoint_space(settings, self._sizes, start.step, total)
             self._setup_grid(client, npt, self._sizes, settings)
-            self._check_block_memory(client, settings)
+            check_block_memory(client, self.grid_, self._sizes, settings)
             if start.path is not None and store.is_block_store(start.path):
-                self._verify_store(client, start.path)
+                verify_store(client, self.grid_, start.path)
             self._run(client, start, total, history)
         return self
 
@@ -288,56 +288,6 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             store.read_array_group(info.path, kind="checkpoint")
         self._check_resume(resume, info, settings, data, order)
         return info
-
-    def _verify_store(self, client, path) -> None:
-        """Check every block of the cell-written store ``path`` on the grid's workers, before any training task.
-
-        One task per worker reads its share of the blocks, one at a time; a damaged block raises
-        :class:`~daskann.exceptions.DamagedStoreError` naming the store, the array and the block.
-        """
-        from daskann import store
-
-        workers = list(dict.fromkeys(self.grid_.workers))
-        blocks = store.stored_blocks(path)
-        prefix = f"daskann-npt-{uuid.uuid4().hex[:12]}-verify"
-        # spread over the grid's workers; any other may take over a share whose worker left
-        futures = [
-            client.submit(
-                _verify_blocks,
-                str(path),
-                blocks[k :: len(workers)],
-                key=f"{prefix}-{k}",
-                workers=[w],
-                allow_other_workers=True,
-                pure=False,
-            )
-            for k, w in enumerate(workers)
-        ]
-        try:
-            client.gather(futures)
-        finally:
-            client.cancel(futures)
-
-    def _check_block_memory(self, client, settings) -> None:
-        """Refuse a grid whose blocks cannot fit a worker, before any training task.
-
-        A worker holds the weights and velocity of its cells plus, while a Cannon product runs, at most
-        two blocks of each operand (the one in use and the next one travelling).
-        """
-        from daskann.cluster import check_worker_memory
-
-        grid, sizes, itemsize = self.grid_, self._sizes, np.dtype(settings["dtype"]).itemsize
-        cells = max(grid.workers.count(w) for w in set(grid.workers))
-        own = sum(-(-a // grid.rows) * -(-b // grid.cols) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-        batch = -(-settings["batch_size"] // grid.rows)
-        widest = max(-(-a // grid.rows) * -(-b // grid.cols) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-        flight = 2 * (widest + batch * -(-max(sizes) // grid.cols))
-        check_worker_memory(
-            client,
-            (2 * own + flight) * cells * itemsize,
-            name="grid",
-            what=f"{grid.rows}x{grid.cols} blocks (weights, velocity and Cannon operands in flight)",
-        )
 
     def partial_fit(self, X=None, y=None, classes=None, *, steps=None, epochs=None):
         """Continue training on the same grid: one more epoch over ``X`` (or ``steps`` / ``epochs``).
@@ -426,16 +376,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
 
     def _gather_grid(self, state):
         """Model and velocity of a grid state, gathered to the client."""
-        from types import SimpleNamespace
-
-        from daskann.npt.graph_mode import GraphEngine
-
-        if _is_resident(state):
-            return state.gather(self._settings)
-        client = next(iter(state.futures.values())).client
-        engine = GraphEngine(client, self.grid_, sizes=self._sizes, settings=self._settings, prefix="gather")
-        like = SimpleNamespace(**{k: self._settings[k] for k in ("activation", "output", "negative_slope")})
-        return engine.gather_state(state, like)
+        return gather_state(state, self.grid_, self._sizes, self._settings)
 
     def __sklearn_is_fitted__(self) -> bool:
         return any(self.__dict__.get(name) is not None for name in ("_model", "_final_store")) or (
@@ -454,7 +395,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         state = self._live_grid_state()
         if state is None or self.__dict__.get("_model") is not None:
             return None
-        return next(iter(state.futures.values())).client
+        return state_client(state)
 
     def _compute(self, array) -> np.ndarray:
         client = self._grid_client()
@@ -470,21 +411,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         client = self._grid_client()
         if client is None:
             return super()._logits(X)
-        import dask.array as da
-
-        from daskann.nn import activate
-
-        s, weights, biases = self._settings, self.weights_, self.biases_
-        lazy = is_dask_array(X)
-        if not lazy:
-            # a key of its own: a re-scattered twin of a key being released would lose its data
-            X = da.from_delayed(client.scatter(X, hash=False), X.shape, dtype=X.dtype)
-        A = X.rechunk({1: weights[0].chunks[0]})
-        for W, b in zip(weights, biases, strict=True):
-            Z = A @ W + b
-            A = Z.map_blocks(activate, s["activation"], s["negative_slope"], dtype=Z.dtype)
-        Z = Z.rechunk({1: -1})
-        return Z if lazy else client.compute(Z, sync=True)
+        return grid_logits(client, X, self.weights_, self.biases_, self._settings)
 
     @property
     def weights_(self) -> list:
@@ -498,9 +425,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         state = self._live_grid_state()
         if state is None:
             return super().weights_
-        if _is_resident(state):
-            return state.weights()
-        return [mat.to_dask() for mat in state.weights]
+        return state_weights(state)
 
     @property
     def biases_(self) -> list:
@@ -508,9 +433,7 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         state = self._live_grid_state()
         if state is None:
             return super().biases_
-        if _is_resident(state):
-            return state.biases()
-        return [_bias_to_dask(line, state.futures, np.dtype(self._settings["dtype"])) for line in state.biases]
+        return state_biases(state, self._settings["dtype"])
 
     def __getstate__(self):
         # the final state's futures belong to one live client: a pickled trainer keeps model_ alone
@@ -526,52 +449,11 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         state = getattr(self, "_grid_state", None)
         if state is None or not state.futures:
             return None
-        return state if next(iter(state.futures.values())).client.status == "running" else None
+        return state if state_client(state).status == "running" else None
 
     def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
-        from daskann.cluster import worker_addresses
-        from daskann.npt import costmodel
-
-        workers = worker_addresses(client)
-        itemsize = np.dtype(settings["dtype"]).itemsize
-        batch = settings["batch_size"]
-        available = resident_available()
-        self.plan_ = None
-        self.cost_model_ = None
-        if npt["grid"] == "auto" or npt["mode"] == "auto":
-            model = costmodel.measure(client)
-            self.cost_model_ = model
-            if npt["grid"] == "auto":
-                shape, mode, table = costmodel.choose_grid(
-                    model,
-                    sizes,
-                    batch,
-                    mode=npt["mode"],
-                    n_workers=len(workers),
-                    resident_available=available,
-                    itemsize=itemsize,
-                )
-                self.plan_ = table
-            else:
-                shape = npt["grid"]
-                mode = (
-                    npt["mode"]
-                    if npt["mode"] != "auto"
-                    else model.choose_mode(sizes, batch, shape, resident_available=available, itemsize=itemsize)
-                )
-                self.plan_ = model.plan(
-                    sizes,
-                    batch,
-                    n_workers=len(workers),
-                    mode=npt["mode"],
-                    resident_available=available,
-                    itemsize=itemsize,
-                    grids=[tuple(shape)],
-                )
-        else:
-            shape, mode = npt["grid"], npt["mode"]
-        self.grid_ = ProcessGrid.from_workers(shape, workers, share_workers=npt["share_workers"])
-        self.mode_ = mode
+        grid, mode, plan, model = grid_and_mode(client, npt, sizes, settings, resident_available=resident_available())
+        self.grid_, self.mode_, self.plan_, self.cost_model_ = grid, mode, plan, model
         self.recoveries_ = 0
 
     def _run(self, client, begin: RunStart, stop: int, history: HistoryRecorder) -> None:
@@ -656,26 +538,14 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
         One format for both modes (graph mode cuts it on the grid, resident mode on its virtual Cannon
         grid): either resumes the other's checkpoints, on any grid.
         """
-        from daskann import store
+        extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
+        training = self._training_config(self._settings)
+        return block_checkpoint_writer(
+            self.checkpoint_dir, self._sizes, self._settings, self.batch_order_, training, extra, stop, self._set_final
+        )
 
-        settings, order = self._settings, self.batch_order_
-        config = {
-            "sizes": list(self._sizes),
-            "activation": settings["activation"],
-            "output": settings["output"],
-            "dtype": np.dtype(settings["dtype"]).name,
-            "negative_slope": settings["negative_slope"],
-        }
-
-        def save(step, layout, write):
-            extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
-            attrs = store.checkpoint_attrs(config, step, order.get_state(), self._training_config(settings), extra)
-            path = store.write_block_group(store.checkpoint_path(self.checkpoint_dir, step), layout, write, attrs)
-            if step == stop:
-                self._final_store = path
-            return path
-
-        return save
+    def _set_final(self, path) -> None:
+        self._final_store = path
 
     def _chains(self, sizes) -> int:
         from daskann.npt.costmodel import pipeline_chains
@@ -690,51 +560,8 @@ class NPTTrainer(GroupedOptions, BaseTrainer):
             self.model_, self.velocity_ = self._gather_grid(self._grid_state)
 
 
-def _is_resident(state) -> bool:
-    """Whether a live final state is a resident run's (:class:`daskann.npt.resident.ResidentState`)."""
-    return hasattr(state, "layout")
-
-
 def _sized(sizes) -> MLP:
     """An MLP that carries only ``sizes``, all the data checks read: no weight is made or loaded."""
     net = MLP.__new__(MLP)
     net.sizes = tuple(sizes)
     return net
-
-
-def _verify_blocks(path: str, blocks) -> None:
-    """Task body of :meth:`NPTTrainer._verify_store`: check ``blocks`` (``(array, "i.j")``) of one store."""
-    from daskann.store import verify_block
-
-    for name, index in blocks:
-        verify_block(path, name, index)
-
-
-def _bias_to_dask(blocks, futures: dict, dtype):
-    """A 1-d dask array over a layer's bias blocks (``{"b", "v"}`` dicts on the grid), read where they live."""
-    import dask.array as da
-    from dask.highlevelgraph import HighLevelGraph
-
-    from daskann._compat import Task, TaskRef
-
-    name = f"{blocks[0].key}-dask-{uuid.uuid4().hex[:6]}"
-    dsk = {}
-    for j, blk in enumerate(blocks):
-        dsk[(f"{name}-source", j)] = futures[blk.key]  # keeps the block alive
-        dsk[(name, j)] = Task((name, j), operator.getitem, TaskRef((f"{name}-source", j)), blk.field)
-    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
-    chunks = (tuple(blk.shape[1] for blk in blocks),)
-    return da.Array(graph, name, chunks, dtype=dtype, shape=(sum(chunks[0]),))
-
-
-def _previous_history(resume, upto: int):
-    """History saved in a resumed run folder, up to the checkpoint's step (None if there is none)."""
-    from pathlib import Path
-
-    from daskann import store
-
-    path = Path(resume) / "history.zarr"
-    if not path.exists():
-        return None
-    history = store.load_history(path)
-    return history.sel(step=history["step"] <= upto)
