@@ -538,7 +538,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
     def _check_checkpoint_space(
         self, settings, sizes, start: int, stop: int, *, count: int | None = None, extra_steps: int = 0
     ) -> None:
-        """Refuse, before any work, a run whose checkpoints cannot fit in ``checkpoint_dir``.
+        """Refuse, before any work, a run whose checkpoints cannot fit in the checkpoint folder.
 
         ``count`` checkpoints (by default those that ``checkpoint_every``
         makes between ``start`` and ``stop``, plus those of ``extra_steps``
@@ -696,7 +696,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
         return {k: ("" if v is None else v) for k, v in attrs.items()}
 
     def _save_checkpoint(self, model, velocity, step, order, settings, extra=None, history=None) -> Path | None:
-        """Checkpoint into ``checkpoint_dir`` (and the history so far beside it)."""
+        """Checkpoint into the checkpoint folder (and the history so far beside it)."""
         if self._checkpoint_dir is None:
             return None
         if history is not None:

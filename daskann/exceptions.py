@@ -16,6 +16,7 @@ __all__ = [
     "DiskFullError",
     "ExchangeAborted",
     "ExchangeTimeout",
+    "LostWorkersError",
     "MGRITDidNotPay",
     "MGRITDiverged",
     "MGRITNotConverged",
@@ -200,3 +201,14 @@ class ExchangeAborted(DaskannError, RuntimeError):
 
 class WorkerLost(DaskannError, RuntimeError):
     """A worker of the grid left the cluster during training."""
+
+
+class LostWorkersError(DaskannError, RuntimeError):
+    """Training gave up after losing workers.
+
+    Graph and resident modes of NPT replay from the last state saved at most a few times per
+    checkpoint interval (``daskann.npt.graph-replays``, ``daskann.npt.resident-restarts``), and
+    cannot restart at all when the state lost was only in the workers' memory; MGRIT gives up on an
+    iteration placed or broadcast again too often as workers leave. Resident mode raises it as a
+    :class:`ResidentError` too.
+    """

@@ -19,6 +19,7 @@ BUILTIN_BASE = {
     "DiskFullError": OSError,
     "ExchangeAborted": RuntimeError,
     "ExchangeTimeout": TimeoutError,
+    "LostWorkersError": RuntimeError,
     "MGRITDidNotPay": UserWarning,
     "MGRITDiverged": RuntimeError,
     "MGRITNotConverged": RuntimeError,

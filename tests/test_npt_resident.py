@@ -12,6 +12,7 @@ import os
 import threading
 import time
 import uuid
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from daskann.nn import SGD
 from daskann.npt._exchange import ExchangeAborted, ExchangeTimeout, Mailbox, open_namespaces
 from daskann.npt._resident_layout import Layout
 from daskann.npt.grid import ProcessGrid
-from daskann.npt.resident import ResidentError, _payload, exchange_latency, train_resident
+from daskann.npt.resident import ResidentError, RunStart, _payload, exchange_latency, train_resident
 
 TOL = 1e-10
 #: (loss, activation, output) of the equality tests
@@ -49,7 +50,8 @@ def _setup(X, y, hidden, **kwargs):
     data = trainer._check_data(X, y, None, settings)
     order = trainer._batch_order(settings, data.n_samples)
     model = trainer._initial_model(settings, data.n_features, data.n_outputs, None)
-    return dict(model=model, velocity=SGD.init_state(model.params), X=data.X, y=data.y, order=order, settings=settings)
+    start = RunStart(0, model, SGD.init_state(model.params))
+    return dict(start=start, X=data.X, y=data.y, order=order, settings=settings)
 
 
 def _rel(a, b):
@@ -61,7 +63,7 @@ def _rel(a, b):
 def _run_and_compare(client, grid, X, y, hidden, steps=30, **kwargs):
     serial = SerialTrainer(hidden, **kwargs).fit(X, y, steps=steps)
     run_id = f"daskann-npt-test-{uuid.uuid4().hex[:8]}"
-    result = train_resident(client, grid, **_setup(X, y, hidden, **kwargs), start=0, stop=steps, run_id=run_id)
+    result = train_resident(client, grid, **_setup(X, y, hidden, **kwargs), stop=steps, run_id=run_id)
     errors = [_rel(a, b) for a, b in zip(result.model.params, serial.model_.params, strict=True)]
     errors += [_rel(a, b) for a, b in zip(result.velocity, serial.velocity_, strict=True)]
     assert max(errors) < TOL, errors
@@ -111,7 +113,6 @@ def test_1x1_steps_exactly_as_serial(client4, regression, classification, loss, 
         client4,
         grid,
         **_setup(X, y, (12, 9), **kwargs),
-        start=0,
         stop=30,
         run_id=f"daskann-npt-test-1x1-{uuid.uuid4().hex[:8]}",
         eval_fn=lambda done: done % 10 == 0,
@@ -134,7 +135,6 @@ def test_eval_snapshots_are_the_models_of_those_steps(client4, regression):
         client4,
         grid,
         **_setup(X, y, (9,), **kwargs),
-        start=0,
         stop=8,
         run_id="daskann-npt-test-eval",
         eval_fn=lambda done: done % 4 == 0,
@@ -151,9 +151,9 @@ def test_continues_from_a_later_step(client4, regression):
     first = SerialTrainer((8,), **kwargs).fit(X, y, steps=6)
     full = SerialTrainer((8,), **kwargs).fit(X, y, steps=12)
     setup = _setup(X, y, (8,), **kwargs)
-    setup.update(model=first.model_, velocity=first.velocity_)
+    setup.update(start=RunStart(6, first.model_, first.velocity_))
     grid = ProcessGrid.from_client(client4, "2x2")
-    result = train_resident(client4, grid, **setup, start=6, stop=12, run_id="daskann-npt-test-resume")
+    result = train_resident(client4, grid, **setup, stop=12, run_id="daskann-npt-test-resume")
     assert max(_rel(a, b) for a, b in zip(result.model.params, full.model_.params, strict=True)) < TOL
     np.testing.assert_allclose([r["loss"] for r in result.rows], full.history_["loss"].values[6:], rtol=1e-12)
 
@@ -163,7 +163,7 @@ def test_float32_keeps_its_dtype_and_follows_serial(client4, regression):
     kwargs = dict(lr=0.05, batch_size=16, seed=9, network={"dtype": "float32"}, sgd={"momentum": 0.9})
     serial = SerialTrainer((10,), **kwargs).fit(X, y, steps=10)
     grid = ProcessGrid.from_client(client4, "2x2")
-    result = train_resident(client4, grid, **_setup(X, y, (10,), **kwargs), start=0, stop=10, run_id="daskann-npt-f32")
+    result = train_resident(client4, grid, **_setup(X, y, (10,), **kwargs), stop=10, run_id="daskann-npt-f32")
     assert all(p.dtype == np.float32 for p in result.model.params + result.velocity)
     assert max(_rel(a, b) for a, b in zip(result.model.params, serial.model_.params, strict=True)) < 1e-5
 
@@ -203,15 +203,16 @@ def test_each_worker_gets_only_its_column_bands(regression):
     X, y = regression
     grid = ProcessGrid.from_workers("2x2", [f"tcp://w{k}" for k in range(4)])
     setup = _setup(X, y, (8,), batch_size=16)
-    layout = Layout.build(grid, setup["model"].sizes, 16)
+    model, velocity = setup["start"].model, setup["start"].velocity
+    layout = Layout.build(grid, model.sizes, 16)
     weights = 0
     for worker in grid.workers:
-        payload = _payload(layout, worker, setup["model"], setup["velocity"], setup["X"], setup["y"], "mse")
+        payload = _payload(layout, worker, model, velocity, setup["X"], setup["y"], "mse")
         # one column band of X (all samples: any row may be in a batch), never all of X
         assert sum(band.shape[1] for band in payload["X"].values()) in (3, 4)
         assert all(band.shape[0] == X.shape[0] for band in payload["X"].values())
         weights += sum(w.size for w in payload["W"].values())
-    assert weights == setup["model"].n_parameters - sum(b.size for b in setup["model"].biases)
+    assert weights == model.n_parameters - sum(b.size for b in model.biases)
 
 
 def test_no_scheduler_round_trip_per_step(client4, regression):
@@ -223,7 +224,7 @@ def test_no_scheduler_round_trip_per_step(client4, regression):
         """Transitions of the run's own keys, until the scheduler has forgotten them all."""
         run_id = f"daskann-npt-test-rt-{uuid.uuid4().hex[:8]}"
         with scheduler_watch(client4) as watch:
-            train_resident(client4, grid, **_setup(X, y, (8,), **kwargs), start=0, stop=steps, run_id=run_id)
+            train_resident(client4, grid, **_setup(X, y, (8,), **kwargs), stop=steps, run_id=run_id)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and client4.run_on_scheduler(
                 lambda dask_scheduler, p=run_id: any(str(k).startswith(p) for k in dask_scheduler.tasks)
@@ -255,9 +256,7 @@ def test_silent_peer_fails_within_the_timeout(client4, regression):
     run_id = f"daskann-npt-test-stuck-{uuid.uuid4().hex[:6]}"
     t0 = time.monotonic()
     with pytest.raises(ResidentError, match=r"sent nothing.*did not arrive within 1 s") as info:
-        train_resident(
-            client4, grid, **_setup(X, y, (8,), lr=0.05, batch_size=16), start=0, stop=5, run_id=run_id, timeout=1.0
-        )
+        train_resident(client4, grid, **_setup(X, y, (8,), lr=0.05, batch_size=16), stop=5, run_id=run_id, timeout=1.0)
     elapsed = time.monotonic() - t0
     assert elapsed < 6, elapsed
     # the error names the silent cell and its worker, not just a waiting neighbour
@@ -285,7 +284,6 @@ def test_killed_worker_fails_fast_and_clearly(client4, regression):
                 client4,
                 grid,
                 **_setup(X, y, (8,), lr=0.01, batch_size=16),
-                start=0,
                 stop=3000,
                 run_id="daskann-npt-test-kill",
                 timeout=60.0,
@@ -307,7 +305,7 @@ def test_divergence_stops_with_the_last_finite_state(client4, regression, shape)
         serial.fit(X, y, steps=30)
     grid = ProcessGrid.from_client(client4, shape)
     result = train_resident(
-        client4, grid, **_setup(X, y, (12, 9), **kwargs), start=0, stop=30, run_id=f"daskann-npt-test-diverge-{shape}"
+        client4, grid, **_setup(X, y, (12, 9), **kwargs), stop=30, run_id=f"daskann-npt-test-diverge-{shape}"
     )
     assert result.diverged_step == info.value.step
     assert len(result.rows) == info.value.step - 1
@@ -321,12 +319,13 @@ def test_bad_input_fails_before_any_task(client4, regression):
     grid = ProcessGrid.from_client(client4, "2x2")
     with no_tasks_submitted(client4):
         with pytest.raises(ValueError, match="stop"):
-            train_resident(client4, grid, **setup, start=5, stop=2, run_id="daskann-npt-test-bad")
+            late = setup | {"start": replace(setup["start"], step=5)}
+            train_resident(client4, grid, **late, stop=2, run_id="daskann-npt-test-bad")
         with pytest.raises(ValueError, match="timeout"):
-            train_resident(client4, grid, **setup, start=0, stop=2, run_id="daskann-npt-test-bad", timeout=0)
+            train_resident(client4, grid, **setup, stop=2, run_id="daskann-npt-test-bad", timeout=0)
         ghost = ProcessGrid.from_workers("1x2", [grid.workers[0], "tcp://127.0.0.1:1"])
         with pytest.raises(ValueError, match="grid"):
-            train_resident(client4, ghost, **setup, start=0, stop=2, run_id="daskann-npt-test-bad")
+            train_resident(client4, ghost, **setup, stop=2, run_id="daskann-npt-test-bad")
 
 
 def test_mailbox_times_out_and_aborts():

@@ -23,7 +23,7 @@ from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
 from daskann.cluster import worker_addresses
-from daskann.exceptions import DaskannError
+from daskann.exceptions import DaskannError, LostWorkersError
 from daskann.mgrit._kernels import release_kept
 from daskann.mgrit._plan import owner
 
@@ -124,7 +124,7 @@ class DaskExecutor:
                     # a task waits for the worker it is placed on: place the iteration on the workers there are
                     placements += 1
                     if placements > MAX_PLACEMENTS:
-                        raise RuntimeError(
+                        raise LostWorkersError(
                             f"an MGRIT iteration was placed {placements} times as workers left the cluster"
                         ) from None
                 except CancelledError as exc:
@@ -181,7 +181,7 @@ class DaskExecutor:
                 return self.scheduler.scatter(self._raw_context, broadcast=True, hash=False, timeout=timeout)
             except (KeyError, OSError) as exc:  # the scheduler's replication lost a worker it was sending to
                 if attempt + 1 == attempts:
-                    raise RuntimeError(
+                    raise LostWorkersError(
                         f"broadcasting the MGRIT context failed {attempts} times as workers left the cluster ({exc!r})"
                     ) from exc
                 time.sleep(1.0)

@@ -160,7 +160,7 @@ class MGRITEngineOptions(OptionGroup):
         same tasks on numpy arrays in this process.
     store : path, optional
         Zarr trajectory store (dask schedulers). By default a store named
-        after the run under ``checkpoint_dir/checkpoints`` when a checkpoint
+        after the run under ``<checkpoint folder>/checkpoints`` when a checkpoint
         folder is set (removed once the run converged), else a temporary
         folder. Fitting again with the same settings and data continues an
         interrupted run from its store; a store of another run is refused.

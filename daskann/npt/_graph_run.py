@@ -11,9 +11,9 @@ worker, lays the same grid onto the workers there are now (sharing workers
 if the cluster shrank) and replays the steps since the last state it holds
 (the start, or the last checkpoint). Tasks are pure and every attempt has
 its own key prefix, so the replayed steps give exactly the same numbers.
-Training gives up after ``max_recoveries`` replays from the same state; a
-replay that reaches a new checkpoint renews the budget, so a long run with
-checkpoints survives any number of spaced-out worker losses.
+Training gives up with :class:`~daskann.exceptions.LostWorkersError` after
+``max_recoveries`` replays from the same state; a replay that reaches a new
+checkpoint renews the budget (see :mod:`daskann.npt._replay`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
 
 import numpy as np
 from distributed import wait
@@ -31,6 +29,9 @@ from distributed import wait
 from daskann import config
 from daskann.cluster import current_client, worker_addresses
 from daskann.exceptions import WorkerLost
+from daskann.npt._replay import Replays
+from daskann.npt._start import RunStart
+from daskann.npt._stretch import Outcome, Stretch
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
 
@@ -50,158 +51,52 @@ class GraphResult:
     state: object = None  # the final GridState (after divergence, the last finite one), alive on the grid
 
 
-class Anchor(NamedTuple):
-    """A state training can restart from after ``step`` steps.
-
-    Held by the client (``model`` and ``velocity``) or, with ``path``, a checkpoint store whose
-    blocks the cells read themselves (then ``model`` and ``velocity`` are None), or, with ``state``,
-    a :class:`GridState` the cells hold (a finished run continued; lost with any of its workers).
-    """
-
-    step: int
-    model: object = None
-    velocity: list | None = None
-    path: str | None = None
-    state: object = None
+def run_graph(client, run: Stretch, start: RunStart, outcome: Outcome) -> None:
+    """Graph mode from ``start`` on ``outcome.grid``: its history rows, grid and final state go into ``outcome``."""
+    result = train_graph(client, outcome.grid, run, start=start)
+    for done in sorted(result.rows):
+        outcome.history.append(done, **result.rows[done])
+    outcome.grid, outcome.recoveries, outcome.state = result.grid, result.recoveries, result.state
+    if result.diverged_step is not None:
+        outcome.diverged = (result.diverged_step, result.diverged_what)
 
 
-@dataclass(frozen=True)
-class GraphRun:
-    """What a graph-mode run is asked to do: fixed for the whole run, every replay included.
-
-    Attributes
-    ----------
-    X, y : ndarray
-        Validated training data.
-    validation : (X_val, y_val) or None
-        Evaluated on the grid at ``eval_steps``.
-    order : daskann.data.BatchOrder
-        Step ``i`` trains on rows ``order.indices(i)``.
-    settings : dict
-        Validated trainer settings.
-    stop : int
-        Steps done when training ends.
-    run_id : str
-        Prefix of every task key of the run (each replay adds ``-a<n>``).
-    chains : {0, 1, 2}
-        Accumulation chains per block product (see :class:`daskann.npt.graph_mode.GraphEngine`).
-    timeout : float
-        Seconds without a finished step before training fails.
-    eval_steps, checkpoint_steps : frozenset of int
-        Step counts after which to evaluate ``validation`` and to call ``on_checkpoint``.
-    on_checkpoint : callable, optional
-        ``on_checkpoint(step, layout, write) -> path``: writes the checkpoint store at ``path`` whose
-        arrays ``layout`` describes (:func:`daskann.store.write_block_group`), ``write(tmp)`` writing
-        every block from its cell; the store saved is where replays restart.
-    progress : callable, optional
-        ``progress(step, loss)`` after every step.
-    time_offset : float
-        Seconds already on the history's clock (a resumed or continued run).
-    lookahead : int
-        Steps submitted ahead of the one whose loss the client waits for.
-    max_recoveries : int, optional
-        Replays from the same state before giving up (default: ``daskann.npt.graph-replays``).
-    seed : int, optional
-        The state at step 0 is the seeded initialisation of this seed: computed on the cells
-        (:meth:`GraphEngine.born_state`) instead of scattered from the client.
-    sizes : tuple of int, optional
-        Layer widths (default: those of the starting model, when the client holds it).
-    """
-
-    X: object
-    y: object
-    validation: tuple | None
-    order: object
-    settings: dict
-    stop: int
-    run_id: str
-    chains: int
-    timeout: float
-    eval_steps: frozenset = frozenset()
-    checkpoint_steps: frozenset = frozenset()
-    on_checkpoint: Callable | None = None
-    progress: Callable | None = None
-    time_offset: float = 0.0
-    lookahead: int = 1
-    max_recoveries: int | None = None
-    seed: int | None = None
-    sizes: tuple | None = None
-
-
-def train_graph(
-    client, grid: ProcessGrid, run: GraphRun, *, model=None, velocity=None, start: int, path=None, state=None
-) -> GraphResult:
-    """Train steps ``start .. run.stop - 1``; see the module docstring.
-
-    The starting state is ``model`` and ``velocity`` (scattered from the client), the
-    :class:`GridState` ``state`` a run on this grid left on it, the checkpoint store ``path`` (read
-    on the cells), or, at step 0 with ``run.seed``, born on the cells.
-    """
+def train_graph(client, grid: ProcessGrid, run: Stretch, *, start: RunStart) -> GraphResult:
+    """Train steps ``start.step .. run.stop - 1`` from the state ``start``; see the module docstring."""
     max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
-    held = [v.copy() for v in velocity] if velocity is not None else None
-    anchor = Anchor(start, model, held, None if path is None else str(path), state)
+    held = [v.copy() for v in start.velocity] if start.velocity is not None else None
     rows: dict = {}
     t0 = time.perf_counter() - run.time_offset
     task_stream_start = time.time()
     client.get_task_stream(start=task_stream_start)  # makes the scheduler record from now on
-    attempt = 0  # replays so far (each has its own key prefix)
-    since_anchor = 0  # replays since the state they restart from was saved
-    while True:
-        try:
-            result = _Attempt(client, grid, run, anchor, rows, prefix=f"{run.run_id}-a{attempt}", t0=t0).train()
-            result.grid, result.recoveries = grid, attempt
-            _add_timings(client, result, run.run_id, task_stream_start, grid)
-            return result
-        except WorkerLost as exc:
-            attempt += 1
-            new_anchor = exc.args[1] if len(exc.args) > 1 and exc.args[1] is not None else anchor
-            if new_anchor.state is not None:
-                # the cells' state may have left with the worker: only a store or the client can restart it
-                if new_anchor.path is None and new_anchor.model is None:
-                    raise RuntimeError(
-                        f"graph-mode training lost the grid state it continued from, which no checkpoint holds "
-                        f"({exc.args[0]})"
-                    ) from exc
-                new_anchor = new_anchor._replace(state=None)
-            # the budget is per checkpoint: a replay that reached a new checkpoint made progress
-            since_anchor = 1 if new_anchor.step > anchor.step else since_anchor + 1
-            anchor = new_anchor
-            if since_anchor > max_recoveries:
-                raise RuntimeError(
-                    f"graph-mode training lost workers {since_anchor} times since step {anchor.step} "
-                    f"({exc.args[0]}); giving up after {max_recoveries} replays"
-                ) from exc
-            for done in [d for d in rows if d > anchor.step]:
-                del rows[done]
-            grid = _regrid(client, grid, run.timeout)
+    replays = Replays(client, grid, what="graph-mode training", budget=max_recoveries, timeout=run.timeout)
 
+    def attempt(grid: ProcessGrid, anchor: RunStart, number: int) -> GraphResult:
+        for done in [d for d in rows if d > anchor.step]:
+            del rows[done]  # recorded by a try that did not finish: replayed from the anchor
+        return _Attempt(client, grid, run, anchor, rows, prefix=f"{run.run_id}-a{number}", t0=t0).train()
 
-def _regrid(client, grid: ProcessGrid, timeout: float) -> ProcessGrid:
-    """The same grid shape on the workers there are now (the nanny usually restarts a lost one)."""
-    wanted = len(set(grid.workers))
-    try:
-        client.wait_for_workers(wanted, timeout=min(config.seconds("npt.regrid-timeout"), timeout))
-    except (TimeoutError, OSError):
-        pass
-    workers = worker_addresses(client)
-    if not workers:
-        raise RuntimeError("graph-mode training lost every worker of the cluster")
-    return ProcessGrid.from_workers(grid.shape, workers, share_workers=True)
+    result = replays.run(replace(start, velocity=held), attempt)
+    result.grid, result.recoveries = replays.grid, replays.tries
+    _add_timings(client, result, run.run_id, task_stream_start, replays.grid)
+    return result
 
 
 class _Attempt:
     """One try at the remaining steps on one grid, under its own key prefix.
 
-    Raises :class:`WorkerLost` carrying the latest :class:`Anchor` (the last
+    Raises :class:`WorkerLost` carrying the latest :class:`RunStart` (the last
     checkpoint reached) when a grid worker leaves.
     """
 
-    def __init__(self, client, grid: ProcessGrid, run: GraphRun, anchor: Anchor, rows: dict, *, prefix: str, t0: float):
+    def __init__(
+        self, client, grid: ProcessGrid, run: Stretch, anchor: RunStart, rows: dict, *, prefix: str, t0: float
+    ):
         self.run, self.anchor, self.rows, self.prefix, self.t0 = run, anchor, rows, prefix, t0
         self.origin = anchor  # the state this attempt starts from: a diverged run may replay from it
         self.grid = grid
         self.engine = GraphEngine(
-            client, grid, sizes=run.sizes or anchor.model.sizes, settings=run.settings, prefix=prefix, chains=run.chains
+            client, grid, sizes=run.sizes, settings=run.settings, prefix=prefix, chains=run.chains
         )
         self.watch = _Watchdog(client, grid, run.timeout)
         self.states: dict = {}  # steps done -> GridState
@@ -227,8 +122,8 @@ class _Attempt:
                 if run.validation is not None
                 else None
             )
-            if run.seed is not None and anchor.step == 0:
-                self.states[0] = engine.born_state(run.seed)
+            if anchor.born:
+                self.states[0] = engine.born_state(anchor.seed)
             elif anchor.state is not None:
                 self.states[anchor.step] = anchor.state
             elif anchor.path is not None:
@@ -306,7 +201,7 @@ class _Attempt:
             return
         # each cell writes its blocks; the client commits the store once every digest is back
         path = run.on_checkpoint(done, self.engine.store_layout(), lambda tmp: self._write_blocks(done, tmp))
-        self.anchor = Anchor(done, path=str(path))
+        self.anchor = RunStart(done, path=path)
 
     def _write_blocks(self, done: int, tmp) -> dict:
         """Every block of the state after ``done`` steps written into ``tmp``: ``{array: {"i.j": sha256}}``.

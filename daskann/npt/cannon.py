@@ -145,84 +145,46 @@ def add_product(
         line = []
         for j, (c0, c1) in enumerate(out_cols):
             owner = grid.owner(i, j)
-            block_shape = (r1 - r0, c1 - c0)
-            steps = plan[i, j]
-            out_key = f"{name}-{i}-{j}"
+            block = ((r1 - r0, c1 - c0), dtype, owner)
             extra_specs = tuple(extras(i, j)) if extras is not None else ()
-            block_epilogue = epilogue(i, j) if callable(epilogue) else epilogue
-            if chains == 0:
-                # one task per output block: its products in Cannon order, all operands fetched at once
-                specs = []
-                for terms in steps:
-                    specs += _term_specs(terms, a, b, ref, trans_a, trans_b, block_shape, owner, ledger)
-                builder.add(
-                    out_key,
-                    _kernels.block_product,
-                    None,
-                    specs,
-                    block_shape,
-                    dtype,
-                    None,
-                    block_epilogue,
-                    extra_specs,
-                    owner=owner,
-                )
-                line.append(Block(out_key, block_shape))
-                continue
-            n_chains = min(chains, len(steps))
-            heads = [None] * n_chains
-            for pos, terms in enumerate(steps):
-                specs = _term_specs(terms, a, b, ref, trans_a, trans_b, block_shape, owner, ledger)
-                chain = pos % n_chains
-                last_of_all = pos == len(steps) - 1
-                acc = ref(heads[chain]) if heads[chain] is not None else None
-                if last_of_all and n_chains == 1:
-                    key = builder.add(
-                        out_key,
-                        _kernels.block_product,
-                        acc,
-                        specs,
-                        block_shape,
-                        dtype,
-                        None,
-                        block_epilogue,
-                        extra_specs,
-                        owner=owner,
-                    )
-                else:
-                    key = builder.add(
-                        f"{out_key}-k{pos}", _kernels.block_product, acc, specs, block_shape, dtype, owner=owner
-                    )
-                heads[chain] = key
-            if n_chains == 2:
-                builder.add(
-                    out_key,
-                    _kernels.block_product,
-                    ref(heads[0]),
-                    [],
-                    block_shape,
-                    dtype,
-                    ref(heads[1]),
-                    block_epilogue,
-                    extra_specs,
-                    owner=owner,
-                )
-            elif not steps:
-                builder.add(
-                    out_key,
-                    _kernels.block_product,
-                    None,
-                    [],
-                    block_shape,
-                    dtype,
-                    None,
-                    block_epilogue,
-                    extra_specs,
-                    owner=owner,
-                )
-            line.append(Block(out_key, block_shape))
+            finish = (epilogue(i, j) if callable(epilogue) else epilogue, extra_specs)
+            step_specs = [_term_specs(t, a, b, ref, trans_a, trans_b, block[0], owner, ledger) for t in plan[i, j]]
+            _add_output_block(builder, f"{name}-{i}-{j}", step_specs, block, chains, finish)
+            line.append(Block(f"{name}-{i}-{j}", block[0]))
         blocks.append(line)
     return GridMatrix(grid, shape, np.dtype(dtype), list(out_rows), list(out_cols), blocks)
+
+
+def _add_output_block(builder: GraphBuilder, key: str, step_specs: list, block: tuple, chains: int, finish) -> None:
+    """The tasks of one output block: its Cannon steps' products, then ``finish`` (epilogue, extra specs).
+
+    ``block`` is ``(shape, dtype, owner)``; ``step_specs`` the operand specs of each step, in Cannon order.
+    """
+    if chains == 0:
+        # one task per output block: its products in Cannon order, all operands fetched at once
+        _product_task(builder, key, None, [s for specs in step_specs for s in specs], block, finish=finish)
+        return
+    n_chains = min(chains, len(step_specs))
+    heads = [None] * n_chains
+    for pos, specs in enumerate(step_specs):
+        chain = pos % n_chains
+        acc = builder.ref(heads[chain]) if heads[chain] is not None else None
+        if pos == len(step_specs) - 1 and n_chains == 1:
+            heads[chain] = _product_task(builder, key, acc, specs, block, finish=finish)
+        else:
+            heads[chain] = _product_task(builder, f"{key}-k{pos}", acc, specs, block)
+    if n_chains == 2:
+        _product_task(builder, key, builder.ref(heads[0]), [], block, builder.ref(heads[1]), finish=finish)
+    elif not step_specs:
+        _product_task(builder, key, None, [], block, finish=finish)
+
+
+def _product_task(builder: GraphBuilder, key: str, acc, specs, block: tuple, other=None, *, finish=None) -> str:
+    """One :func:`~daskann.npt._kernels.block_product` task; with ``finish``, the block's last (adds ``other``)."""
+    shape, dtype, owner = block
+    if finish is None:
+        return builder.add(key, _kernels.block_product, acc, specs, shape, dtype, owner=owner)
+    return builder.add(key, _kernels.block_product, acc, specs, shape, dtype, other, *finish, owner=owner)
 
 
 def _term_specs(terms, a, b, ref, trans_a, trans_b, block_shape, owner, ledger) -> list:

@@ -33,7 +33,7 @@ import numpy as np
 from daskann import config
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import check_float, check_int, invalid
-from daskann.exceptions import ResidentError
+from daskann.exceptions import LostWorkersError, ResidentError
 from daskann.nn import MLP
 from daskann.npt._exchange import (
     ExchangeAborted,
@@ -44,9 +44,23 @@ from daskann.npt._exchange import (
 )
 from daskann.npt._resident_layout import Layout
 from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
+from daskann.npt._start import RunStart
 from daskann.npt.grid import split_bounds
 
-__all__ = ["ResidentError", "ResidentResult", "ResidentState", "current_workers", "exchange_latency", "train_resident"]
+__all__ = [
+    "ResidentError",
+    "ResidentLostWorkers",
+    "ResidentResult",
+    "ResidentState",
+    "RunStart",
+    "current_workers",
+    "exchange_latency",
+    "train_resident",
+]
+
+
+class ResidentLostWorkers(LostWorkersError, ResidentError):
+    """Resident training gave up after losing workers: a :class:`ResidentError`, as it has always been."""
 
 
 @dataclass
@@ -234,36 +248,32 @@ def train_resident(
     client,
     grid,
     *,
-    model: MLP | None = None,
-    velocity=None,
+    start: RunStart,
     X,
     y,
     order,
     settings: dict,
-    start: int,
     stop: int,
     run_id: str,
     timeout: float = 120.0,
     eval_fn=None,
     validation=None,
-    seed: int | None = None,
     sizes=None,
-    source=None,
-    previous: ResidentState | None = None,
     keep: bool = False,
 ) -> ResidentResult:
-    """Train steps ``start .. stop - 1`` with worker-resident Cannon products.
+    """Train steps ``start.step .. stop - 1`` with worker-resident Cannon products.
 
     Parameters
     ----------
     client : distributed.Client
     grid : daskann.npt.grid.ProcessGrid
         Cells may share workers; cells on one worker run in that worker's task.
-    model : MLP, optional
-        Weights after ``start`` steps (not modified), sent from the client; or None, with
-        ``seed``, ``source`` or ``previous`` naming the state the workers start from.
-    velocity : list of ndarray, optional
-        SGD velocity in ``model.params`` order (with ``model``).
+    start : RunStart
+        The state the workers start from: the seeded initialisation (each worker computes its
+        blocks itself, :meth:`Layout.born_blocks`), the :class:`ResidentState` a resident run on the
+        same grid left on its workers (continued there), a checkpoint store of any grid or mode
+        (each worker reads, and verifies, its blocks), or a model and velocity sent from the
+        client (not modified).
     X, y : ndarray
         Validated training data (``y`` float 2-d for ``"mse"``, int64 labels
         for ``"cross_entropy"``); only column bands go to each worker.
@@ -272,8 +282,8 @@ def train_resident(
     settings : dict
         Validated trainer settings (``loss``, ``lr``, ``momentum``,
         ``activation``, ``output``, ``negative_slope``, ``dtype``).
-    start, stop : int
-        Steps to train, ``start <= stop``.
+    stop : int
+        Steps done when the run ends, ``start.step <= stop``.
     run_id : str
         Prefix of every task key and message namespace of this run.
     timeout : float
@@ -286,16 +296,8 @@ def train_resident(
         Validation data (validated as ``X``, ``y``; dask arrays are read on the workers). Each
         worker gets the blocks of its cells (a band of the rows per grid row, a band of the columns
         per grid column) and the cells evaluate it by a Cannon forward pass: no weight leaves them.
-    seed : int, optional
-        ``model`` and ``velocity`` are the seeded initialisation of this seed
-        (zero velocity): each worker computes its blocks itself
-        (:meth:`Layout.born_blocks`) and none is sent from the client.
     sizes : tuple of int, optional
-        Layer widths (needed without ``model``).
-    source : path, optional
-        A checkpoint store (of any grid or mode): each worker reads, and verifies, its blocks.
-    previous : ResidentState, optional
-        The state a resident run on the same grid left on its workers, continued there.
+        Layer widths (needed without ``start.model``).
     keep : bool
         Leave the final state on the workers (:attr:`ResidentResult.state`) instead of gathering it.
 
@@ -309,14 +311,15 @@ def train_resident(
         When a worker leaves the cluster, a block does not arrive within
         ``timeout`` seconds, or a cell fails; never hangs.
     """
-    timeout, start, stop = _check_stretch(timeout, start, stop, run_id)
+    model, velocity, previous = start.model, start.velocity, start.state
+    timeout, first, stop = _check_stretch(timeout, start.step, stop, run_id)
     dtype = np.dtype(settings["dtype"]) if model is None else model.dtype
     sizes = tuple(model.sizes) if model is not None else tuple(int(n) for n in sizes)
     if model is not None:
         velocity = _check_velocity(model, velocity)
-    if stop == start and model is not None:
+    if stop == first and model is not None:
         return ResidentResult(model.copy(), [v.copy() for v in velocity])
-    if stop == start:
+    if stop == first:
         return ResidentResult(None, None, state=previous)
     X, y = _check_data(sizes, dtype, X, y, order, settings["loss"])
     if validation is not None:
@@ -326,16 +329,16 @@ def train_resident(
         raise invalid("previous", "a state on another grid", "the state of a resident run on this grid")
     _check_workers(client, layout)
     ensure_plugin(client)
-    run = ResidentRun.build(run_id, layout, settings, dtype, order, start, stop, timeout, eval_fn)
+    run = ResidentRun.build(run_id, layout, settings, dtype, order, first, stop, timeout, eval_fn)
     payloads = _payloads(
         layout, model, velocity, X, y, settings["loss"], client=client, namespace=run.namespace, validation=validation
     )
-    if seed is not None:
-        payloads = _born(payloads, seed)
-    elif source is not None:
-        payloads = ((w, payload | {"source": str(source)}) for w, payload in payloads)
+    if start.born:
+        payloads = _born(payloads, start.seed)
+    elif previous is None and start.path is not None:
+        payloads = ((w, payload | {"source": start.path}) for w, payload in payloads)
     cells, results = _run_cells(client, run, payloads, previous, keep=keep)
-    result = _assemble(layout, settings, dtype, results, run.eval_steps, start, gather=not keep)
+    result = _assemble(layout, settings, dtype, results, run.eval_steps, first, gather=not keep)
     if validation is not None:
         result.evaluations = _evaluations(results, settings["loss"], validation[0].shape[0], sizes[-1])
     if keep:

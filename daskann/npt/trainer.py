@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-import operator
-import time
 import uuid
-from dataclasses import dataclass, replace
 
 import numpy as np
 
-from daskann import config
 from daskann._base import BaseTrainer, TrainingDiverged
-from daskann._dask_input import is_dask_array
 from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, resolve_group
 from daskann._typing import Activation, Loss, NPTMode, NPTPipeline
 from daskann._validation import check_choice, check_float, invalid
+from daskann.cluster import check_worker_memory
 from daskann.nn import MLP, SGD
+from daskann.npt._checkpoints import block_checkpoint_writer, previous_history, verify_store
+from daskann.npt._grid_results import gather_state, grid_logits, state_biases, state_client, state_weights
+from daskann.npt._setup import check_block_memory, grid_and_mode
+from daskann.npt._start import RunStart
+from daskann.npt._stretch import Outcome, Stretch
 from daskann.npt.grid import ProcessGrid, parse_grid
 
 MODES = ("auto", "graph", "resident")
@@ -104,7 +105,7 @@ class NPTTrainer(BaseTrainer):
     ----------
     model_ : MLP
         The trained network (numpy), read when first touched: both modes
-        leave the final state on the grid and, with ``checkpoint_dir``, in
+        leave the final state on the grid and, with a ``checkpoint`` folder, in
         the last checkpoint its cells wrote (after divergence, the last
         finite state); ``predict``, ``predict_proba``
         and ``score`` run on the grid while the client does not hold it.
@@ -261,31 +262,27 @@ class NPTTrainer(BaseTrainer):
         with resolve_client(self.client) as client, current_client(client), self._run_lock():
             workers = self._check_cluster(client, npt)
             # a column band of X per grid column stays on one worker
-            from daskann.cluster import check_worker_memory
-
             bands = min(npt["grid"][1], len(workers)) if npt["grid"] != "auto" else len(workers)
             check_worker_memory(client, data.X.nbytes // max(bands, 1), name="X")
             self._settings, self._data, self.batch_order_, self._npt = settings, data, order, npt
             history = HistoryRecorder("step")
             # the client holds the starting state only when it was given one (init_model); a checkpoint
             # is read, and the seeded initialisation computed, block by block on the grid's cells
-            model = velocity = born = None
             if ckpt is not None:
-                done = ckpt.step
-                history.extend_from(_previous_history(resume, done))
+                start = RunStart(ckpt.step, path=ckpt.path)
+                history.extend_from(previous_history(resume, start.step))
             elif init_model is not None:
                 model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
-                velocity, done = SGD.init_state(model.params), 0
+                start = RunStart(0, model, SGD.init_state(model.params))
             else:
-                done, born = 0, settings["seed"]
+                start = RunStart(0, seed=settings["seed"])
             self._sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
-            self._check_checkpoint_space(settings, self._sizes, done, total)
+            self._check_checkpoint_space(settings, self._sizes, start.step, total)
             self._setup_grid(client, npt, self._sizes, settings)
-            self._check_block_memory(client, settings)
-            source = None if ckpt is None else ckpt.path
-            if source is not None and store.is_block_store(source):
-                self._verify_store(client, source)
-            self._run(client, model, velocity, done, total, history, born=born, source=source)
+            check_block_memory(client, self.grid_, self._sizes, settings)
+            if start.path is not None and store.is_block_store(start.path):
+                verify_store(client, self.grid_, start.path)
+            self._run(client, start, total, history)
         return self
 
     def _resume_info(self, resume, settings, data, order):
@@ -300,56 +297,6 @@ class NPTTrainer(BaseTrainer):
         self._check_resume(resume, info, settings, data, order)
         return info
 
-    def _verify_store(self, client, path) -> None:
-        """Check every block of the cell-written store ``path`` on the grid's workers, before any training task.
-
-        One task per worker reads its share of the blocks, one at a time; a damaged block raises
-        :class:`~daskann.exceptions.DamagedStoreError` naming the store, the array and the block.
-        """
-        from daskann import store
-
-        workers = list(dict.fromkeys(self.grid_.workers))
-        blocks = store.stored_blocks(path)
-        prefix = f"daskann-npt-{uuid.uuid4().hex[:12]}-verify"
-        # spread over the grid's workers; any other may take over a share whose worker left
-        futures = [
-            client.submit(
-                _verify_blocks,
-                str(path),
-                blocks[k :: len(workers)],
-                key=f"{prefix}-{k}",
-                workers=[w],
-                allow_other_workers=True,
-                pure=False,
-            )
-            for k, w in enumerate(workers)
-        ]
-        try:
-            client.gather(futures)
-        finally:
-            client.cancel(futures)
-
-    def _check_block_memory(self, client, settings) -> None:
-        """Refuse a grid whose blocks cannot fit a worker, before any training task.
-
-        A worker holds the weights and velocity of its cells plus, while a Cannon product runs, at most
-        two blocks of each operand (the one in use and the next one travelling).
-        """
-        from daskann.cluster import check_worker_memory
-
-        grid, sizes, itemsize = self.grid_, self._sizes, np.dtype(settings["dtype"]).itemsize
-        cells = max(grid.workers.count(w) for w in set(grid.workers))
-        own = sum(-(-a // grid.rows) * -(-b // grid.cols) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-        batch = -(-settings["batch_size"] // grid.rows)
-        widest = max(-(-a // grid.rows) * -(-b // grid.cols) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-        flight = 2 * (widest + batch * -(-max(sizes) // grid.cols))
-        check_worker_memory(
-            client,
-            (2 * own + flight) * cells * itemsize,
-            name="grid",
-            what=f"{grid.rows}x{grid.cols} blocks (weights, velocity and Cannon operands in flight)",
-        )
-
     def partial_fit(self, X=None, y=None, classes=None, *, steps=None, epochs=None):
         """Continue training on the same grid: one more epoch over ``X`` (or ``steps`` / ``epochs``).
 
@@ -358,7 +305,7 @@ class NPTTrainer(BaseTrainer):
         they are None, on the data of the last call.
 
         The cells continue from the last store they wrote or, in resident mode, from the state in their
-        memory; the client loads no block. Without ``checkpoint_dir``, a resident run that loses a grid
+        memory; the client loads no block. Without a ``checkpoint`` folder, a resident run that loses a grid
         worker during ``partial_fit`` loses that state and fails.
         """
         if not self.__sklearn_is_fitted__():
@@ -392,16 +339,8 @@ class NPTTrainer(BaseTrainer):
                 previous = None
             held = source is None and previous is None
             model, velocity = (self.model_, self.velocity_) if held else (None, None)
-            self._run(
-                client,
-                model,
-                velocity,
-                self.n_steps_,
-                self.n_steps_ + steps,
-                history,
-                source=source,
-                previous=previous,
-            )
+            start = RunStart(self.n_steps_, model, velocity, path=source, state=previous)
+            self._run(client, start, self.n_steps_ + steps, history)
         return self
 
     @property
@@ -445,16 +384,7 @@ class NPTTrainer(BaseTrainer):
 
     def _gather_grid(self, state):
         """Model and velocity of a grid state, gathered to the client."""
-        from types import SimpleNamespace
-
-        from daskann.npt.graph_mode import GraphEngine
-
-        if _is_resident(state):
-            return state.gather(self._settings)
-        client = next(iter(state.futures.values())).client
-        engine = GraphEngine(client, self.grid_, sizes=self._sizes, settings=self._settings, prefix="gather")
-        like = SimpleNamespace(**{k: self._settings[k] for k in ("activation", "output", "negative_slope")})
-        return engine.gather_state(state, like)
+        return gather_state(state, self.grid_, self._sizes, self._settings)
 
     def __sklearn_is_fitted__(self) -> bool:
         return any(self.__dict__.get(name) is not None for name in ("_model", "_final_store")) or (
@@ -473,7 +403,7 @@ class NPTTrainer(BaseTrainer):
         state = self._live_grid_state()
         if state is None or self.__dict__.get("_model") is not None:
             return None
-        return next(iter(state.futures.values())).client
+        return state_client(state)
 
     def _compute(self, array) -> np.ndarray:
         client = self._grid_client()
@@ -489,21 +419,7 @@ class NPTTrainer(BaseTrainer):
         client = self._grid_client()
         if client is None:
             return super()._logits(X)
-        import dask.array as da
-
-        from daskann.nn import activate
-
-        s, weights, biases = self._settings, self.weights_, self.biases_
-        lazy = is_dask_array(X)
-        if not lazy:
-            # a key of its own: a re-scattered twin of a key being released would lose its data
-            X = da.from_delayed(client.scatter(X, hash=False), X.shape, dtype=X.dtype)
-        A = X.rechunk({1: weights[0].chunks[0]})
-        for W, b in zip(weights, biases, strict=True):
-            Z = A @ W + b
-            A = Z.map_blocks(activate, s["activation"], s["negative_slope"], dtype=Z.dtype)
-        Z = Z.rechunk({1: -1})
-        return Z if lazy else client.compute(Z, sync=True)
+        return grid_logits(client, X, self.weights_, self.biases_, self._settings)
 
     @property
     def weights_(self) -> list:
@@ -517,9 +433,7 @@ class NPTTrainer(BaseTrainer):
         state = self._live_grid_state()
         if state is None:
             return super().weights_
-        if _is_resident(state):
-            return state.weights()
-        return [mat.to_dask() for mat in state.weights]
+        return state_weights(state)
 
     @property
     def biases_(self) -> list:
@@ -527,9 +441,7 @@ class NPTTrainer(BaseTrainer):
         state = self._live_grid_state()
         if state is None:
             return super().biases_
-        if _is_resident(state):
-            return state.biases()
-        return [_bias_to_dask(line, state.futures, np.dtype(self._settings["dtype"])) for line in state.biases]
+        return state_biases(state, self._settings["dtype"])
 
     def __getstate__(self):
         # the final state's futures belong to one live client: a pickled trainer keeps model_ alone
@@ -545,120 +457,88 @@ class NPTTrainer(BaseTrainer):
         state = getattr(self, "_grid_state", None)
         if state is None or not state.futures:
             return None
-        return state if next(iter(state.futures.values())).client.status == "running" else None
+        return state if state_client(state).status == "running" else None
 
     def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
-        from daskann.cluster import worker_addresses
-        from daskann.npt import costmodel
-
-        workers = worker_addresses(client)
-        itemsize = np.dtype(settings["dtype"]).itemsize
-        batch = settings["batch_size"]
-        available = resident_available()
-        self.plan_ = None
-        self.cost_model_ = None
-        if npt["grid"] == "auto" or npt["mode"] == "auto":
-            model = costmodel.measure(client)
-            self.cost_model_ = model
-            if npt["grid"] == "auto":
-                shape, mode, table = costmodel.choose_grid(
-                    model,
-                    sizes,
-                    batch,
-                    mode=npt["mode"],
-                    n_workers=len(workers),
-                    resident_available=available,
-                    itemsize=itemsize,
-                )
-                self.plan_ = table
-            else:
-                shape = npt["grid"]
-                mode = (
-                    npt["mode"]
-                    if npt["mode"] != "auto"
-                    else model.choose_mode(sizes, batch, shape, resident_available=available, itemsize=itemsize)
-                )
-                self.plan_ = model.plan(
-                    sizes,
-                    batch,
-                    n_workers=len(workers),
-                    mode=npt["mode"],
-                    resident_available=available,
-                    itemsize=itemsize,
-                    grids=[tuple(shape)],
-                )
-        else:
-            shape, mode = npt["grid"], npt["mode"]
-        self.grid_ = ProcessGrid.from_workers(shape, workers, share_workers=npt["share_workers"])
-        self.mode_ = mode
+        grid, mode, plan, model = grid_and_mode(client, npt, sizes, settings, resident_available=resident_available())
+        self.grid_, self.mode_, self.plan_, self.cost_model_ = grid, mode, plan, model
         self.recoveries_ = 0
 
-    def _run(
-        self,
-        client,
-        model: MLP | None,
-        velocity,
-        start: int,
-        stop: int,
-        history: HistoryRecorder,
-        *,
-        born: int | None = None,
-        source=None,
-        previous=None,
-    ) -> None:
-        """Train from ``model`` and ``velocity``, or (both None) the store ``source``, the seed ``born`` or
-        the state ``previous`` the cells hold."""
+    def _run(self, client, begin: RunStart, stop: int, history: HistoryRecorder) -> None:
+        """Train steps ``begin.step .. stop - 1`` from the state ``begin``, by the engine of ``mode_``."""
+        if self.mode_ == "graph":
+            from daskann.npt._graph_run import run_graph as engine
+        else:
+            from daskann.npt._resident_run import run_resident as engine
+
+        bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=begin.step)
+        offset = history.last_value("time", default=0.0)
+        run = self._stretch(begin.step, stop, offset, lambda done, loss: bar.update(done, loss=loss))
+        outcome = Outcome(self.grid_, history)
+        self._grid_state = self._final_store = None
+        self.model_, self.velocity_ = begin.model, begin.velocity
+        try:
+            engine(client, run, begin, outcome)
+        finally:
+            bar.close()
+            self._adopt(outcome)
+            self.n_steps_ = history.last_coord(default=begin.step)
+            self.history_ = history.to_dataset(self._run_attrs(run))
+        self._keep_if_closing()
+        if outcome.diverged is not None:
+            raise TrainingDiverged(*outcome.diverged)
+
+    def _stretch(self, start: int, stop: int, offset: float, progress) -> Stretch:
+        """What the engine runs: steps ``start .. stop - 1`` of this fit, its evaluations and checkpoints."""
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
-        eval_steps = (
-            frozenset(d for d in range(start + 1, stop + 1) if d % eval_every == 0 or d == stop)
-            if data.validation is not None
-            else frozenset()
+        steps = range(start + 1, stop + 1)
+        evaluated = data.validation is not None
+        return Stretch(
+            X=data.X,
+            y=data.y,
+            validation=data.validation,
+            order=order,
+            settings=settings,
+            sizes=tuple(self._sizes),
+            stop=stop,
+            run_id=f"daskann-npt-{uuid.uuid4().hex[:12]}",
+            timeout=self._npt["timeout"],
+            eval_steps=frozenset(d for d in steps if evaluated and (d % eval_every == 0 or d == stop)),
+            checkpoint_steps=frozenset(
+                d
+                for d in steps
+                if self._checkpoint_dir is not None and (d == stop or (ckpt_every and d % ckpt_every == 0))
+            ),
+            on_checkpoint=self._block_checkpoint_fn(stop),
+            progress=progress,
+            time_offset=offset,
+            chains=self._chains(self._sizes) if self.mode_ == "graph" else 0,
         )
-        ckpt_steps = (
-            frozenset(d for d in range(start + 1, stop + 1) if d == stop or (ckpt_every and d % ckpt_every == 0))
-            if self._checkpoint_dir is not None
-            else frozenset()
+
+    def _adopt(self, outcome: Outcome) -> None:
+        """The grid, the replays and the state on the cells of a run, as far as it came."""
+        self.grid_ = outcome.grid
+        self.recoveries_ += outcome.recoveries
+        if outcome.state is not None:
+            # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
+            self._grid_state, self.model_, self.velocity_ = outcome.state, None, None
+
+    def _run_attrs(self, run: Stretch) -> dict:
+        """The history's attributes: the settings, and the grid, mode and replays of the run."""
+        attrs = self._history_attrs(self._settings)
+        attrs.update(
+            {
+                "grid": f"{self.grid_.rows}x{self.grid_.cols}",
+                "mode": self.mode_,
+                "workers": len(set(self.grid_.workers)),
+                "recoveries": int(self.recoveries_),
+            }
         )
-        bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=start)
-        stretch = _Stretch(
-            start,
-            stop,
-            f"daskann-npt-{uuid.uuid4().hex[:12]}",
-            eval_steps,
-            ckpt_steps,
-            offset=history.last_value("time", default=0.0),
-            seed=born,
-        )
-        self._grid_state = self._final_store = None
-        self.model_, self.velocity_ = model, velocity
-        diverged = None
-        try:
-            if self.mode_ == "graph":
-                diverged = self._run_graph(
-                    client, model, velocity, stretch, history, bar, source=source, previous=previous
-                )
-            else:
-                start_from = _Start(model, velocity, source=source, previous=previous)
-                diverged = self._run_resident(client, start_from, stretch, history, bar)
-        finally:
-            bar.close()
-            self.n_steps_ = history.last_coord(default=start)
-            attrs = self._history_attrs(settings)
-            attrs.update(
-                {
-                    "grid": f"{self.grid_.rows}x{self.grid_.cols}",
-                    "mode": self.mode_,
-                    "workers": len(set(self.grid_.workers)),
-                    "recoveries": int(self.recoveries_),
-                }
-            )
-            if self.mode_ == "graph":
-                attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[self._chains(self._sizes)]
-            self.history_ = history.to_dataset(attrs)
-        if diverged is not None:
-            raise TrainingDiverged(*diverged)
+        if self.mode_ == "graph":
+            attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[run.chains]
+        return attrs
 
     def _block_checkpoint_fn(self, stop: int):
         """``save(step, layout, write) -> path``: a store whose blocks the cells write, committed here.
@@ -666,65 +546,14 @@ class NPTTrainer(BaseTrainer):
         One format for both modes (graph mode cuts it on the grid, resident mode on its virtual Cannon
         grid): either resumes the other's checkpoints, on any grid.
         """
-        from daskann import store
-
-        settings, order = self._settings, self.batch_order_
-        config = {
-            "sizes": list(self._sizes),
-            "activation": settings["activation"],
-            "output": settings["output"],
-            "dtype": np.dtype(settings["dtype"]).name,
-            "negative_slope": settings["negative_slope"],
-        }
-
-        def save(step, layout, write):
-            extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
-            attrs = store.checkpoint_attrs(config, step, order.get_state(), self._training_config(settings), extra)
-            path = store.write_block_group(store.checkpoint_path(self._checkpoint_dir, step), layout, write, attrs)
-            if step == stop:
-                self._final_store = path
-            return path
-
-        return save
-
-    def _run_graph(self, client, model, velocity, stretch: _Stretch, history, bar, *, source=None, previous=None):
-        from daskann.npt._graph_run import GraphRun, train_graph
-
-        data = self._data
-        run = GraphRun(
-            X=data.X,
-            y=data.y,
-            validation=data.validation,
-            order=self.batch_order_,
-            settings=self._settings,
-            stop=stretch.stop,
-            run_id=stretch.run_id,
-            chains=self._chains(self._sizes),
-            timeout=self._npt["timeout"],
-            eval_steps=stretch.eval_steps,
-            checkpoint_steps=stretch.ckpt_steps,
-            on_checkpoint=self._block_checkpoint_fn(stretch.stop),
-            progress=lambda done, loss: bar.update(done, loss=loss),
-            time_offset=stretch.offset,
-            seed=stretch.seed,
-            sizes=tuple(self._sizes),
+        extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
+        training = self._training_config(self._settings)
+        return block_checkpoint_writer(
+            self._checkpoint_dir, self._sizes, self._settings, self.batch_order_, training, extra, stop, self._set_final
         )
-        result = train_graph(
-            client, self.grid_, run, model=model, velocity=velocity, start=stretch.start, path=source, state=previous
-        )
-        for done in sorted(result.rows):
-            history.append(done, **result.rows[done])
-        # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
-        self.model_, self.velocity_ = result.model, result.velocity
-        self._grid_state = result.state
-        self.grid_ = result.grid
-        if result.model is None and self._final_store is None and self.client is None:
-            # the cluster of client=None may close after fit: gather while it runs
-            self.model_, self.velocity_ = self._gather_grid(result.state)
-        self.recoveries_ += result.recoveries
-        if result.diverged_step is not None:
-            return result.diverged_step, result.diverged_what
-        return None
+
+    def _set_final(self, path) -> None:
+        self._final_store = path
 
     def _chains(self, sizes) -> int:
         from daskann.npt.costmodel import pipeline_chains
@@ -733,160 +562,10 @@ class NPTTrainer(BaseTrainer):
             return _CHAINS[self._npt["pipeline"]]
         return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
 
-    def _run_resident(self, client, start_from: _Start, stretch: _Stretch, history, bar):
-        """Resident stretches between checkpoints; the state stays on the cells, which also write the stores."""
-        t0 = time.perf_counter() - stretch.offset
-        save = self._block_checkpoint_fn(stretch.stop)
-        current, attempts = stretch.start, 0
-        for seg_stop in sorted(stretch.ckpt_steps | {stretch.stop}):
-            if seg_stop <= current:
-                continue
-            writes = save if seg_stop in stretch.ckpt_steps else None
-            result, path, seg_t0, attempts = self._resident_segment(
-                client, start_from, current, seg_stop, stretch, attempts, save=writes
-            )
-            self._record_resident(result, current, seg_t0 - t0, time.perf_counter() - seg_t0, history, bar)
-            self._grid_state, self.model_, self.velocity_ = result.state, None, None
-            if result.diverged_step is not None:
-                # the cells rolled back to the last finite state: model_ reads it when touched
-                self._keep_if_closing()
-                return result.diverged_step, "the loss, its gradients or the weights"
-            current = seg_stop
-            # the next stretch continues from the cells' memory, or after a lost worker, from the store
-            start_from = _Start(source=path, previous=result.state)
-        self._keep_if_closing()
-        return None
-
     def _keep_if_closing(self) -> None:
         """Gather a final state held on the grid alone while its cluster runs, if that cluster closes after fit."""
         if self._final_store is None and self.client is None and self._live_grid_state() is not None:
             self.model_, self.velocity_ = self._gather_grid(self._grid_state)
-
-    def _resident_segment(
-        self, client, start_from: _Start, start: int, stop: int, stretch: _Stretch, attempts: int, *, save=None
-    ):
-        """Steps ``start .. stop - 1`` in resident mode, restarted on the workers there are if a grid worker left.
-
-        With ``save`` (see :meth:`_block_checkpoint_fn`), the cells then write the checkpoint of step ``stop``.
-        Returns the result, the checkpoint's path (or None), when the (successful) try began, and the tries
-        of the stretch so far.
-        """
-        from daskann.cluster import worker_addresses
-        from daskann.npt._graph_run import _regrid
-        from daskann.npt.resident import ResidentError, train_resident
-
-        data = self._data
-        restarts = 0  # the budget is per checkpoint interval, as graph mode's replays
-        while True:
-            seg_t0 = time.perf_counter()
-            try:
-                result = train_resident(
-                    client,
-                    self.grid_,
-                    model=start_from.model,
-                    velocity=start_from.velocity,
-                    sizes=self._sizes,
-                    source=start_from.source if start_from.previous is None else None,
-                    previous=start_from.previous,
-                    keep=True,
-                    X=data.X,
-                    y=data.y,
-                    order=self.batch_order_,
-                    settings=self._settings,
-                    start=start,
-                    stop=stop,
-                    run_id=f"{stretch.run_id}-r{attempts}",
-                    timeout=self._npt["timeout"],
-                    eval_fn=(lambda d: d in stretch.eval_steps) if stretch.eval_steps else None,
-                    validation=data.validation,
-                    seed=stretch.seed if start == 0 and start_from.model is None else None,
-                )
-                path = None
-                if save is not None and result.diverged_step is None:
-                    state = result.state
-                    path = save(stop, state.layout.store_layout(state.dtype), state.save)
-                return result, path, seg_t0, attempts
-            except ResidentError as exc:
-                alive = set(worker_addresses(client))
-                if set(self.grid_.workers) <= alive:
-                    raise
-                if restarts >= (max_restarts := config.count("npt.resident-restarts")):
-                    raise ResidentError(
-                        f"resident training lost grid workers {restarts + 1} times since step {start}; "
-                        f"giving up after {max_restarts} restarts from that state ({exc})"
-                    ) from exc
-                # a worker left: restart this stretch from its starting state on the workers there are
-                attempts += 1
-                restarts += 1
-                self.recoveries_ += 1
-                self.grid_ = _regrid(client, self.grid_, self._npt["timeout"])
-                start_from = start_from.after_regrid(exc)
-
-    def _record_resident(self, result, start: int, clock: float, elapsed: float, history, bar) -> None:
-        """History rows of a resident segment that began ``clock`` seconds into the run and took ``elapsed``.
-
-        The segment's wall time is shared out over its steps in proportion to each step's compute and comm time.
-        """
-        busy = sum(r["compute_time"] + r["comm_time"] for r in result.rows) or 1.0
-        for k, row in enumerate(result.rows):
-            done = start + k + 1
-            clock += (row["compute_time"] + row["comm_time"]) * elapsed / busy
-            values = {
-                "loss": row["loss"],
-                "time": clock,
-                "compute_time": row["compute_time"],
-                "comm_time": row["comm_time"],
-                "bytes_moved": float(row["bytes_moved"]),
-            }
-            # evaluated by the cells: neither the model nor the validation data came to the client
-            values.update(result.evaluations.get(done, {}))
-            history.append(done, **values)
-            bar.update(done, loss=row["loss"])
-
-
-@dataclass(frozen=True)
-class _Start:
-    """The state a resident stretch starts from, in order of preference.
-
-    ``previous``: the state the cells hold (a :class:`daskann.npt.resident.ResidentState`); ``source``:
-    a checkpoint store they read; ``model`` and ``velocity``: held by the client. With none, the
-    seeded initialisation, computed on the cells.
-    """
-
-    model: MLP | None = None
-    velocity: list | None = None
-    source: object = None
-    previous: object = None
-
-    def after_regrid(self, cause: Exception) -> _Start:
-        """Where a restart on a new grid begins: the cells' memory is gone with the worker that left."""
-        if self.previous is None:
-            return self
-        if self.source is None:
-            from daskann.npt.resident import ResidentError
-
-            raise ResidentError(
-                f"resident training lost a grid worker and, with it, state no checkpoint holds ({cause})"
-            ) from cause
-        return replace(self, previous=None)
-
-
-@dataclass(frozen=True)
-class _Stretch:
-    """Steps ``start .. stop - 1`` of one ``fit`` or ``partial_fit`` call and what happens along the way."""
-
-    start: int
-    stop: int
-    run_id: str  # prefix of every task key of the stretch
-    eval_steps: frozenset  # step counts after which the validation set is evaluated
-    ckpt_steps: frozenset  # step counts after which a checkpoint is saved
-    offset: float = 0.0  # seconds already on the history's clock
-    seed: int | None = None  # the state at step 0 is this seed's initialisation, computed on the cells
-
-
-def _is_resident(state) -> bool:
-    """Whether a live final state is a resident run's (:class:`daskann.npt.resident.ResidentState`)."""
-    return hasattr(state, "layout")
 
 
 def _sized(sizes) -> MLP:
@@ -894,41 +573,3 @@ def _sized(sizes) -> MLP:
     net = MLP.__new__(MLP)
     net.sizes = tuple(sizes)
     return net
-
-
-def _verify_blocks(path: str, blocks) -> None:
-    """Task body of :meth:`NPTTrainer._verify_store`: check ``blocks`` (``(array, "i.j")``) of one store."""
-    from daskann.store import verify_block
-
-    for name, index in blocks:
-        verify_block(path, name, index)
-
-
-def _bias_to_dask(blocks, futures: dict, dtype):
-    """A 1-d dask array over a layer's bias blocks (``{"b", "v"}`` dicts on the grid), read where they live."""
-    import dask.array as da
-    from dask.highlevelgraph import HighLevelGraph
-
-    from daskann._compat import Task, TaskRef
-
-    name = f"{blocks[0].key}-dask-{uuid.uuid4().hex[:6]}"
-    dsk = {}
-    for j, blk in enumerate(blocks):
-        dsk[(f"{name}-source", j)] = futures[blk.key]  # keeps the block alive
-        dsk[(name, j)] = Task((name, j), operator.getitem, TaskRef((f"{name}-source", j)), blk.field)
-    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
-    chunks = (tuple(blk.shape[1] for blk in blocks),)
-    return da.Array(graph, name, chunks, dtype=dtype, shape=(sum(chunks[0]),))
-
-
-def _previous_history(resume, upto: int):
-    """History saved in a resumed run folder, up to the checkpoint's step (None if there is none)."""
-    from pathlib import Path
-
-    from daskann import store
-
-    path = Path(resume) / "history.zarr"
-    if not path.exists():
-        return None
-    history = store.load_history(path)
-    return history.sel(step=history["step"] <= upto)

@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from daskann import store
-from daskann._base import BaseTrainer, constructor_arguments
+from daskann._base import CHECKPOINT_DIR, BaseTrainer, constructor_arguments
 from daskann._dask_input import is_dask_array, materialize, remote_call
 from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, group_errors, resolve_group
@@ -435,7 +435,7 @@ class PartitionTrainer(BaseTrainer):
                 self.diversity_ = submodel_diversity(self.submodels_, data.validation[0], task=task)
 
     def _check_run_dir(self, resume, settings, partition: Partition, sub_total: int) -> Path | None:
-        """Validate ``resume`` or a fresh ``checkpoint_dir``; nothing is written yet."""
+        """Validate ``resume`` or a fresh checkpoint folder; nothing is written yet."""
         record = {
             "partition": partition.to_dict(),
             "combine": settings["combine"],
@@ -450,7 +450,7 @@ class PartitionTrainer(BaseTrainer):
                 raise invalid("resume", resume, "a run folder path", TypeError)
             run_dir = Path(resume)
             if self._checkpoint_dir is not None and Path(self._checkpoint_dir).resolve() != run_dir.resolve():
-                raise invalid("resume", str(resume), f"the run folder checkpoint_dir={str(self._checkpoint_dir)!r}")
+                raise invalid("resume", str(resume), f"the run folder {CHECKPOINT_DIR}={str(self._checkpoint_dir)!r}")
             store.RunLock(run_dir).check_free("resume")
             config = run_dir / _STATE / "config.json"
             if not config.is_file():
@@ -468,7 +468,7 @@ class PartitionTrainer(BaseTrainer):
             return None
         run_dir = Path(self._checkpoint_dir)
         if (run_dir / store.CHECKPOINT_DIR).is_dir() and store.list_checkpoints(run_dir):
-            raise invalid("checkpoint_dir", str(run_dir), "a folder without checkpoints (pass resume to continue it)")
+            raise invalid(CHECKPOINT_DIR, str(run_dir), "a folder without checkpoints (pass resume to continue it)")
         self._fresh_record = record  # written by _claim_run_dir, under the run lock
         return run_dir
 

@@ -1,0 +1,55 @@
+"""The grid and mode of an NPT run, chosen and checked before any training task."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from daskann.cluster import check_worker_memory, worker_addresses
+from daskann.npt.grid import ProcessGrid
+
+
+def grid_and_mode(client, npt: dict, sizes, settings: dict, *, resident_available: bool):
+    """``(grid, mode, plan, cost_model)`` for the checked options ``npt``.
+
+    With a grid or mode ``"auto"`` the cluster is measured and the cost model picks them (``plan`` is
+    its prediction table); otherwise ``plan`` and ``cost_model`` are None.
+    """
+    from daskann.npt import costmodel
+
+    workers = worker_addresses(client)
+    itemsize = np.dtype(settings["dtype"]).itemsize
+    batch = settings["batch_size"]
+    shape, mode, plan, model = npt["grid"], npt["mode"], None, None
+    if shape == "auto" or mode == "auto":
+        model = costmodel.measure(client)
+        options = dict(resident_available=resident_available, itemsize=itemsize)
+        if shape == "auto":
+            shape, mode, plan = costmodel.choose_grid(
+                model, sizes, batch, mode=npt["mode"], n_workers=len(workers), **options
+            )
+        else:
+            if mode == "auto":
+                mode = model.choose_mode(sizes, batch, shape, **options)
+            plan = model.plan(sizes, batch, n_workers=len(workers), mode=npt["mode"], grids=[tuple(shape)], **options)
+    grid = ProcessGrid.from_workers(shape, workers, share_workers=npt["share_workers"])
+    return grid, mode, plan, model
+
+
+def check_block_memory(client, grid: ProcessGrid, sizes, settings: dict) -> None:
+    """Refuse a grid whose blocks cannot fit a worker, before any training task.
+
+    A worker holds the weights and velocity of its cells plus, while a Cannon product runs, at most
+    two blocks of each operand (the one in use and the next one travelling).
+    """
+    itemsize = np.dtype(settings["dtype"]).itemsize
+    cells = max(grid.workers.count(w) for w in set(grid.workers))
+    own = sum(-(-a // grid.rows) * -(-b // grid.cols) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    batch = -(-settings["batch_size"] // grid.rows)
+    widest = max(-(-a // grid.rows) * -(-b // grid.cols) for a, b in zip(sizes[:-1], sizes[1:], strict=True))
+    flight = 2 * (widest + batch * -(-max(sizes) // grid.cols))
+    check_worker_memory(
+        client,
+        (2 * own + flight) * cells * itemsize,
+        name="grid",
+        what=f"{grid.rows}x{grid.cols} blocks (weights, velocity and Cannon operands in flight)",
+    )
