@@ -128,6 +128,12 @@ class NPTTrainer(BaseTrainer):
         The cost model's prediction table when anything was ``"auto"``.
     recoveries_ : int
         Times training was replayed after losing a worker.
+    worker_times_ : dict
+        Of the last ``fit``: ``{completed step: {worker: {"wall", "compute",
+        "serialise", "transfer", "idle"}}}``, where each worker's step time
+        went (seconds; the four parts add up to ``wall``; resident mode adds
+        ``recv_wait``). Graph mode reads it from the scheduler's task stream,
+        resident mode from the workers' own timers.
 
     Examples
     --------
@@ -632,7 +638,7 @@ class NPTTrainer(BaseTrainer):
             seed=born,
         )
         self._grid_state = self._final_store = None
-        self.model_, self.velocity_ = model, velocity
+        self.model_, self.velocity_, self.worker_times_ = model, velocity, {}
         diverged = None
         try:
             if self.mode_ == "graph":
@@ -714,6 +720,7 @@ class NPTTrainer(BaseTrainer):
         )
         for done in sorted(result.rows):
             history.append(done, **result.rows[done])
+        self.worker_times_.update(result.timings)
         # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
         self.model_, self.velocity_ = result.model, result.velocity
         self._grid_state = result.state
@@ -840,6 +847,7 @@ class NPTTrainer(BaseTrainer):
             }
             # evaluated by the cells: neither the model nor the validation data came to the client
             values.update(result.evaluations.get(done, {}))
+            self.worker_times_[done] = row["workers"]
             history.append(done, **values)
             bar.update(done, loss=row["loss"])
 
