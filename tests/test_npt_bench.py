@@ -228,3 +228,18 @@ def test_breakdown_is_off_by_default():
     }
     assert not bench.BenchConfig.from_options(**opts).breakdown
     assert bench.BenchConfig.from_options(**opts, breakdown=True).breakdown
+
+
+def test_graph_worker_times_split_each_window_once():
+    from daskann.npt._timings import graph_worker_times, resident_worker_times
+
+    # compute 0-1 and 2-3; a transfer 0.5-2.5 is exposed only in 1-2; deserialising 3.5-4 before the last task
+    spans = {
+        "w": {"compute": [(0.0, 1.0), (2.0, 3.0), (4.0, 5.0)], "transfer": [(0.5, 2.5)], "deserialize": [(3.5, 4)]}
+    }
+    times = graph_worker_times(spans, {"w": {0: 1.0, 1: 3.0, 2: 5.0}})
+    assert times[1]["w"] == {"wall": 1.0, "compute": 1.0, "serialise": 0.0, "transfer": 0.0, "idle": 0.0}
+    assert times[2]["w"] == {"wall": 2.0, "compute": 1.0, "serialise": 0.0, "transfer": 1.0, "idle": 0.0}
+    assert times[3]["w"] == {"wall": 2.0, "compute": 1.0, "serialise": 0.5, "transfer": 0.0, "idle": 0.5}
+    parts = resident_worker_times(1.0, 3.0, 1.5, 0.5)
+    assert parts["transfer"] == 0.5 and parts["idle"] == 1.5 and parts["recv_wait"] == 1.5
