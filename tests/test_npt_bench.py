@@ -184,3 +184,62 @@ def test_single_worker_check_takes_the_median_of_rounds_timed_in_turn():
     got = npt_checks._check_single_worker(rows, pairs)["one-hidden"]
     assert got["ratio"] == pytest.approx(1.0) and got["met"] and len(got["rounds"]) == 3
     assert got["step_s"] == pytest.approx(0.4e-3) and got["serial_s"] == pytest.approx(0.4e-3)
+
+
+def test_breakdown_flag_writes_where_each_workers_step_went(client2, tmp_path):
+    from click.testing import CliRunner
+
+    from daskann.cli import main
+
+    args = ["bench", "npt", "--address", client2.scheduler.address, "--nets", "", "--widths", "", "--grids", "1x1"]
+    args += ["--large-width", "64", "--large-batch", "64", "--large-grids", "1x2", "--large-steps", "3"]
+    args += ["--modes", "graph,resident,auto", "--breakdown", "-o", str(tmp_path)]
+    out = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    assert "where the step time goes" in out.output
+    entries = json.loads((tmp_path / "bench-npt.json").read_text())["breakdown"]
+    modes = {e["mode"] for e in entries}
+    assert {"graph", "resident"} <= modes and any(m.startswith("auto-") for m in modes)
+    workers = {w for w in client2.scheduler_info()["workers"]}
+    for entry in entries:
+        assert entry["grid"] == "1x2" or entry["mode"].startswith("auto-")
+        assert entry["steps"] == [2, 3, 4]  # after the warm-up step
+        assert set(entry["workers"]) <= workers and entry["workers"]
+        for worker, parts in entry["workers"].items():
+            assert {"wall", "compute", "transfer", "serialise", "idle"} <= set(parts)
+            for k in range(len(entry["steps"])):
+                values = {p: parts[p][k] for p in ("compute", "transfer", "serialise", "idle")}
+                assert all(v >= 0 for v in values.values())
+                assert sum(values.values()) == pytest.approx(parts["wall"][k], rel=1e-6, abs=1e-9)
+            assert entry["median"][worker]["wall"] == pytest.approx(float(np.median(parts["wall"])))
+
+
+def test_breakdown_is_off_by_default():
+    opts = {
+        "nets": "",
+        "grids": "1x1",
+        "modes": "graph",
+        "widths": "",
+        "large_width": 0,
+        "large_batch": 8,
+        "large_steps": 1,
+        "large_hidden": 0,
+        "large_grids": "1x2",
+    }
+    assert not bench.BenchConfig.from_options(**opts).breakdown
+    assert bench.BenchConfig.from_options(**opts, breakdown=True).breakdown
+
+
+def test_graph_worker_times_split_each_window_once():
+    from daskann.npt._timings import graph_worker_times, resident_worker_times
+
+    # compute 0-1 and 2-3; a transfer 0.5-2.5 is exposed only in 1-2; deserialising 3.5-4 before the last task
+    spans = {
+        "w": {"compute": [(0.0, 1.0), (2.0, 3.0), (4.0, 5.0)], "transfer": [(0.5, 2.5)], "deserialize": [(3.5, 4)]}
+    }
+    times = graph_worker_times(spans, {"w": {0: 1.0, 1: 3.0, 2: 5.0}})
+    assert times[1]["w"] == {"wall": 1.0, "compute": 1.0, "serialise": 0.0, "transfer": 0.0, "idle": 0.0}
+    assert times[2]["w"] == {"wall": 2.0, "compute": 1.0, "serialise": 0.0, "transfer": 1.0, "idle": 0.0}
+    assert times[3]["w"] == {"wall": 2.0, "compute": 1.0, "serialise": 0.5, "transfer": 0.0, "idle": 0.5}
+    parts = resident_worker_times(1.0, 3.0, 1.5, 0.5)
+    assert parts["transfer"] == 0.5 and parts["idle"] == 1.5 and parts["recv_wait"] == 1.5

@@ -35,6 +35,7 @@ from threadpoolctl import threadpool_limits
 
 from daskann._gemm import gemm_rate as _gemm_rate
 from daskann._validation import check_int, invalid
+from daskann.bench import npt_breakdown
 from daskann.bench._machine import npt_machine
 from daskann.bench.npt_checks import checks
 from daskann.bench.npt_peer import DaskArrayPeer
@@ -82,6 +83,9 @@ class BenchConfig:
     modes : list of str
         Which of ``graph``, ``resident``, ``dask`` (the peer) and ``auto``
         (``grid="auto", mode="auto"``) to run.
+    breakdown : bool
+        Keep, for the large net's NPT rows, where each worker's step time went
+        (:mod:`daskann.bench.npt_breakdown`): the result's ``"breakdown"``.
     pair_rounds : int
         Rounds of serial training and a 1x1 resident run timed in turn on
         each paper-scale net (the sweep's own pair is the first): their median
@@ -110,6 +114,7 @@ class BenchConfig:
     width_steps: int = 7
     modes: list = field(default_factory=lambda: ["graph", "resident", "dask", "auto"])
     pair_rounds: int = 3
+    breakdown: bool = False
     seed: int = 0
     dtype: str = "float64"
 
@@ -129,6 +134,7 @@ class BenchConfig:
             large_steps=check_int("large_steps", opts["large_steps"]),
             large_hidden=check_int("large_hidden", opts["large_hidden"], minimum=0),
             large_grids=["x".join(map(str, parse_grid(g))) for g in large_grids],
+            breakdown=bool(opts.get("breakdown", False)),
         )
         if opts.get("steps") is not None:
             steps = check_int("steps", opts["steps"])
@@ -233,6 +239,8 @@ class _Sweep:
     pairs: dict = field(default_factory=dict)
     #: single-thread GEMM rates probed between the large net's rows
     probes: list = field(default_factory=list)
+    #: per measured row, where each worker's step time went (with ``config.breakdown``)
+    breakdowns: list = field(default_factory=list)
 
     @property
     def modes(self) -> list[str]:
@@ -287,7 +295,7 @@ class _Sweep:
             pairs.append((serial["time_per_step"], resident["time_per_step"]))
         self.pairs[net.name] = pairs
 
-    def npt(self, net: _Net, grid: str, mode: str, steps: int, warmup: int | None = None) -> dict:
+    def npt(self, net: _Net, grid: str, mode: str, steps: int, warmup: int | None = None, *, breakdown=False) -> dict:
 
         warmup = self.config.warmup if warmup is None else warmup
         probe_s = _probe(self.client) if grid == "auto" else 0.0
@@ -314,7 +322,10 @@ class _Sweep:
             seconds = float(np.nanmedian(busy)) if busy.size else seconds
         if grid == "auto":
             grid, mode = f"{t.grid_.rows}x{t.grid_.cols}", f"auto-{t.mode_}"
-        return self.record(net, grid, mode, seconds, extra, fit=(fit_s, steps + warmup))
+        row = self.record(net, grid, mode, seconds, extra, fit=(fit_s, steps + warmup))
+        if breakdown:
+            self.breakdowns.append(npt_breakdown.collect(row, t.worker_times_, warmup))
+        return row
 
     def peer(self, net: _Net, grid: str, steps: int, warmup: int | None = None) -> dict:
 
@@ -337,7 +348,8 @@ class _Sweep:
 
 
 def run(client, config: BenchConfig | None = None, *, log=print) -> dict:
-    """Run the sweep on ``client``'s cluster; returns ``{"table", "checks", "machine", "config", "plans"}``."""
+    """Run the sweep on ``client``'s cluster; returns ``{"table", "checks", "machine", "config", "plans"}``
+    (with ``config.breakdown`` also ``"breakdown"``, see :mod:`daskann.bench.npt_breakdown`)."""
     config = config or BenchConfig()
     sweep = _Sweep(client, config, len(worker_addresses(client)), resident_available(), log)
     rates = [gemm_rate(client, config.gemm_size, config.dtype)]
@@ -359,7 +371,7 @@ def run(client, config: BenchConfig | None = None, *, log=print) -> dict:
         "cost_model_s": probe_s,
     }
     _derive(sweep.table, hardware)
-    return {
+    result = {
         "table": sweep.table,
         "checks": checks(sweep.table, sweep.plans, sweep.pairs),
         "machine": npt_machine(client),
@@ -368,6 +380,9 @@ def run(client, config: BenchConfig | None = None, *, log=print) -> dict:
         "cost_model": cost.to_dict(),
         "hardware": hardware,
     }
+    if config.breakdown:
+        result["breakdown"] = sweep.breakdowns
+    return result
 
 
 def _single_thread_gemm_rate(n: int, dtype: str, repeats: int) -> float:
@@ -435,7 +450,7 @@ def _large_net(run: _Sweep, cost) -> None:
     net = _Net(f"large-{w}" if h == w else f"large-{w}-{h}", (w, h, w), X, y, config.large_batch)
     gflop = costmodel.step_product_flops(net.sizes, net.batch) / 1e9
     run.log(f"{net.name}: sizes {net.sizes}, batch {net.batch}, {gflop:.4g} GFLOP per step")
-    steps, warm = config.large_steps, config.large_warmup
+    steps, warm, breakdown = config.large_steps, config.large_warmup, config.breakdown
     probes = run.probes
     probes.append(gemm_rate(run.client, config.gemm_size, config.dtype))
 
@@ -447,15 +462,15 @@ def _large_net(run: _Sweep, cost) -> None:
     side_by_side(run.serial(net, steps, warm))
     for grid in config.large_grids:
         if "graph" in run.modes:
-            side_by_side(run.npt(net, grid, "graph", steps, warm))
+            side_by_side(run.npt(net, grid, "graph", steps, warm, breakdown=breakdown))
         if "resident" in run.modes:
-            side_by_side(run.npt(net, grid, "resident", steps, warm))
+            side_by_side(run.npt(net, grid, "resident", steps, warm, breakdown=breakdown))
         if "dask" in run.modes and _cells(grid) > 1:
             side_by_side(run.peer(net, grid, steps, warm))
     run.plan(cost, net)
     if "auto" in config.modes:
         # always run it: its row is the one held against the hardware's bound
-        side_by_side(run.npt(net, "auto", "auto", steps, warm))
+        side_by_side(run.npt(net, "auto", "auto", steps, warm, breakdown=breakdown))
 
 
 def _width_sweep(run: _Sweep) -> None:

@@ -13,6 +13,11 @@ A message is addressed by a *namespace* (one per resident run) and a string
 *tag* that is unique within the run. Receives wait at most a given number of
 seconds and then raise :class:`ExchangeTimeout`, so a dead or stuck peer turns
 into a clear error instead of a hang.
+
+Each message carries the wall-clock time its sender began writing it and the
+mailbox notes when it arrived, so that a receiving task can tell how much of
+its wait for a block was the block in transit (:attr:`Channel.waited`,
+:attr:`Channel.transfer_waited`).
 """
 
 from __future__ import annotations
@@ -50,12 +55,21 @@ class Mailbox:
     def __init__(self):
         self._cond = threading.Condition()
         self._items: dict[str, object] = {}
+        #: tag -> (sent, arrived) wall-clock seconds of the blocks that came in a message
+        self._spans: dict[str, tuple] = {}
         self._error: str | None = None
 
-    def put(self, tag: str, value) -> None:
+    def put(self, tag: str, value, sent: float | None = None) -> None:
         with self._cond:
             self._items[tag] = value
+            if sent is not None:
+                self._spans[tag] = (sent, time.time())
             self._cond.notify_all()
+
+    def span(self, tag: str) -> tuple | None:
+        """``(sent, arrived)`` of a block taken out of the mailbox that came in a message, once."""
+        with self._cond:
+            return self._spans.pop(tag, None)
 
     def get(self, tag: str, timeout: float, describe=None, source: str | None = None):
         """Wait for ``tag`` for at most ``timeout`` seconds and take it out."""
@@ -76,6 +90,7 @@ class Mailbox:
         with self._cond:
             self._error = message
             self._items.clear()
+            self._spans.clear()
             self._cond.notify_all()
 
     def __len__(self) -> int:
@@ -137,11 +152,11 @@ class ExchangePlugin(WorkerPlugin):
             return sorted(self._mailboxes)
 
     # -- comm handlers (run on the worker's event loop) ------------------------
-    def receive(self, namespace: str, tags: list, data: list) -> None:
+    def receive(self, namespace: str, tags: list, data: list, sent: float | None = None) -> None:
         box = self.mailbox(namespace)
         if box is not None:
             for tag, value in zip(tags, data, strict=True):
-                box.put(tag, _decode(value))
+                box.put(tag, _decode(value), sent)
 
     def abort_handler(self, namespace: str, message: str) -> None:
         box = self.mailbox(namespace)
@@ -179,6 +194,11 @@ class Channel:
     connection kept for the run (no reply, in order). Blocks for this same
     worker go straight into the mailbox. A sent array must not be modified
     afterwards.
+
+    :attr:`waited` counts the seconds the task thread spent in :meth:`recv`,
+    and :attr:`transfer_waited` the part of them while the awaited block was
+    on its way (from its sender's write to its arrival here; clocks of
+    different hosts make it approximate); the rest was waiting for peers.
     """
 
     def __init__(self, namespace: str, *, timeout: float, worker=None):
@@ -201,6 +221,8 @@ class Channel:
         self._failure: BaseException | None = None
         self.bytes_sent = 0
         self.messages_sent = 0
+        self.waited = 0.0
+        self.transfer_waited = 0.0
 
     # -- task thread -----------------------------------------------------------
     def send(self, address: str, tag: str, value: np.ndarray) -> None:
@@ -219,11 +241,18 @@ class Channel:
 
     def recv(self, tag: str, describe=None, source: str | None = None):
         self.flush()
+        start = time.time()
         try:
-            return self._box.get(tag, self.timeout, describe, source)
+            value = self._box.get(tag, self.timeout, describe, source)
         except ExchangeAborted:
             self.check_sends()
             raise
+        got = time.time()
+        self.waited += got - start
+        span = self._box.span(tag)
+        if span is not None:
+            self.transfer_waited += max(0.0, min(got, span[1]) - max(start, span[0]))
+        return value
 
     def check_sends(self, *, wait: bool = False) -> None:
         """Raise if a send failed; with ``wait`` first deliver everything queued
@@ -257,6 +286,7 @@ class Channel:
                 items, stream.queue = stream.queue, []
                 await stream.comm.write(
                     {
+                        "sent": time.time(),  # before the blocks are encoded: their copies count as transfer
                         "op": PUT_OP,
                         "namespace": self.namespace,
                         "tags": [tag for tag, _ in items],

@@ -32,6 +32,7 @@ from daskann.exceptions import WorkerLost
 from daskann.npt._replay import Replays
 from daskann.npt._start import RunStart
 from daskann.npt._stretch import Outcome, Stretch
+from daskann.npt._timings import graph_worker_times
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
 
@@ -47,7 +48,7 @@ class GraphResult:
     diverged_what: str = ""
     grid: ProcessGrid | None = None
     recoveries: int = 0
-    timings: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)  # completed step -> {worker: parts of its step time}
     state: object = None  # the final GridState (after divergence, the last finite one), alive on the grid
 
 
@@ -57,6 +58,7 @@ def run_graph(client, run: Stretch, start: RunStart, outcome: Outcome) -> None:
     for done in sorted(result.rows):
         outcome.history.append(done, **result.rows[done])
     outcome.grid, outcome.recoveries, outcome.state = result.grid, result.recoveries, result.state
+    outcome.worker_times.update(result.timings)
     if result.diverged_step is not None:
         outcome.diverged = (result.diverged_step, result.diverged_what)
 
@@ -306,14 +308,23 @@ class _Watchdog:
 _STEP_KEY = re.compile(r"^(?P<prefix>.+-a\d+)-s(?P<step>\d+)-")
 
 
+def _attempt_number(prefix) -> int:
+    return -1 if prefix is None else int(prefix.rsplit("-a", 1)[1])
+
+
 def _add_timings(client, result: GraphResult, run_id: str, since: float, grid: ProcessGrid) -> None:
-    """Per-step compute and transfer seconds from the scheduler's task stream (per worker of the grid)."""
+    """Per-step compute and transfer seconds from the scheduler's task stream (per worker of the grid),
+    and the parts of each worker's step time (``result.timings``, see :mod:`daskann.npt._timings`)."""
     try:
         records = client.get_task_stream(start=since)
     except Exception:  # diagnostics only: a missing record leaves NaN in the history
         records = []
     compute: dict = defaultdict(float)
     comm: dict = defaultdict(float)
+    # per worker: every interval of the attempt that finished, and when each of its steps ended there
+    spans: dict = defaultdict(lambda: defaultdict(list))
+    step_ends: dict = defaultdict(dict)
+    final = max((row.get("_attempt") for row in result.rows.values()), default=None, key=_attempt_number)
     for rec in records:
         key = rec.get("key")
         if not isinstance(key, str) or not key.startswith(run_id):
@@ -322,12 +333,18 @@ def _add_timings(client, result: GraphResult, run_id: str, since: float, grid: P
         if m is None:
             continue
         ident = (m.group("prefix"), int(m.group("step")))
+        worker, latest = rec.get("worker"), m.group("prefix") == final
         for ss in rec.get("startstops", ()):
             span = ss["stop"] - ss["start"]
             if ss["action"] == "compute":
                 compute[ident] += span
             elif ss["action"] == "transfer":
                 comm[ident] += span
+            if latest and worker is not None:
+                spans[worker][ss["action"]].append((ss["start"], ss["stop"]))
+                if ss["action"] == "compute":
+                    step_ends[worker][ident[1]] = max(ss["stop"], step_ends[worker].get(ident[1], ss["stop"]))
+    result.timings = graph_worker_times(spans, step_ends)
     n_workers = max(len(set(grid.workers)), 1)
     for done, row in result.rows.items():
         ident = (row.pop("_attempt", None), done - 1)

@@ -448,7 +448,8 @@ class CellProgram:
             for step in range(self.start, self.stop):
                 t_step = time.perf_counter()
                 self.compute = 0.0
-                sent_before = self.channel.bytes_sent, self.channel.messages_sent
+                channel = self.channel
+                before_step = channel.bytes_sent, channel.messages_sent, channel.waited, channel.transfer_waited
                 if pending is not None:
                     self.announce(pending[0], *pending[3])
                 self.start_step(step)
@@ -470,8 +471,10 @@ class CellProgram:
                 step_stats = (
                     self.compute,
                     wall,
-                    self.channel.bytes_sent - sent_before[0],
-                    self.channel.messages_sent - sent_before[1],
+                    channel.bytes_sent - before_step[0],
+                    channel.messages_sent - before_step[1],
+                    channel.waited - before_step[2],
+                    channel.transfer_waited - before_step[3],
                 )
                 pending = (step, before, step_stats, (partial, finite))
             if diverged is None and pending is not None:
@@ -590,7 +593,7 @@ class SingleCellProgram(CellProgram):
                     break
                 self.W, self.vW, self.b, self.vb = new
                 wall = time.perf_counter() - t_step
-                self.record(step, loss, (wall, wall, 0, 0), losses, stats, snapshots)
+                self.record(step, loss, (wall, wall, 0, 0, 0.0, 0.0), losses, stats, snapshots)
         return self.result(losses, stats, diverged, snapshots)
 
 

@@ -35,7 +35,7 @@ def run_resident(client, run: Stretch, start: RunStart, outcome: Outcome) -> Non
             result, path, began = replays.run(start, partial(_stretch, client, run, stop=stop, save=save))
         finally:
             outcome.grid, outcome.recoveries = replays.grid, replays.tries
-        _record(run, result, start.step, began - t0, time.perf_counter() - began, outcome.history)
+        _record(run, result, start.step, began - t0, time.perf_counter() - began, outcome)
         outcome.state = result.state
         if result.diverged_step is not None:
             # the cells rolled back to the last finite state
@@ -81,7 +81,7 @@ def _stretch(client, run: Stretch, grid, start: RunStart, number: int, *, stop: 
         raise WorkerLost(str(exc), None) from exc
 
 
-def _record(run: Stretch, result: ResidentResult, start: int, clock: float, elapsed: float, history) -> None:
+def _record(run: Stretch, result: ResidentResult, start: int, clock: float, elapsed: float, outcome: Outcome) -> None:
     """History rows of a stretch that began ``clock`` seconds into the run and took ``elapsed``.
 
     The stretch's wall time is shared out over its steps in proportion to each step's compute and comm time.
@@ -99,6 +99,7 @@ def _record(run: Stretch, result: ResidentResult, start: int, clock: float, elap
         }
         # evaluated by the cells: neither the model nor the validation data came to the client
         values.update(result.evaluations.get(done, {}))
-        history.append(done, **values)
+        outcome.history.append(done, **values)
+        outcome.worker_times[done] = row["workers"]
         if run.progress is not None:
             run.progress(done, row["loss"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from daskann._history import HistoryRecorder
 from daskann.npt.grid import ProcessGrid
@@ -87,6 +87,8 @@ class Outcome:
         Replays after lost workers.
     diverged : (int, str) or None
         The step at which training diverged and what became non-finite.
+    worker_times : dict
+        ``{completed step: {worker: parts of its step time}}``, see :mod:`daskann.npt._timings`.
     """
 
     grid: ProcessGrid
@@ -94,3 +96,4 @@ class Outcome:
     state: object = None
     recoveries: int = 0
     diverged: tuple[int, str] | None = None
+    worker_times: dict = field(default_factory=dict)

@@ -215,16 +215,22 @@ def _clean(value):
     help="Which runs: graph, resident, dask (the dask.array peer), auto (grid='auto').",
 )
 @click.option("--quick", is_flag=True, help="Small sizes and few steps (a smoke test of the benchmark).")
+@click.option(
+    "--breakdown",
+    is_flag=True,
+    help="Per step and worker of the large net's NPT rows: compute, transfer, serialisation and idle seconds "
+    "(the JSON's 'breakdown' and a table).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @cli_errors
 def bench_command(output, quick, as_json, **opts):
     """Time per step, speedup and efficiency of NPT against p, against serial and dask.array's @."""
-    from daskann.bench import npt, npt_checks, npt_output
+    from daskann.bench import npt, npt_breakdown, npt_checks, npt_output
     from daskann.cluster import close
 
     bench_keys = ("nets", "grids", "steps", "large_width", "large_hidden", "large_batch", "large_steps")
     config = npt.BenchConfig.from_options(
-        **{k: opts.pop(k) for k in (*bench_keys, "large_grids", "widths", "modes")}, quick=quick
+        **{k: opts.pop(k) for k in (*bench_keys, "large_grids", "widths", "modes", "breakdown")}, quick=quick
     )
     if opts.get("address") is None and opts.get("profile") is None and opts.get("workers") is None:
         opts["workers"] = 4  # enough for the 1x1 .. 2x2 sweep; 2x4 shares them
@@ -245,4 +251,6 @@ def bench_command(output, quick, as_json, **opts):
     click.echo(f"BLAS on the workers: {machine.get('blas_worker')}")
     click.echo(npt_output.format_table(result["table"]))
     click.echo(npt_checks.format_checks(result["checks"]))
+    if "breakdown" in result:
+        click.echo(npt_breakdown.format_breakdown(result["breakdown"]))
     click.echo("wrote " + ", ".join(str(p) for p in paths.values()))

@@ -45,6 +45,7 @@ from daskann.npt._exchange import (
 from daskann.npt._resident_layout import Layout
 from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
 from daskann.npt._start import RunStart
+from daskann.npt._timings import resident_worker_times
 from daskann.npt.grid import split_bounds
 
 __all__ = [
@@ -158,8 +159,9 @@ class ResidentResult:
         as SerialTrainer computes it), ``compute_time`` (seconds of local
         arithmetic on the busiest worker), ``comm_time`` (the rest of the
         slowest worker's step: messaging and waiting), ``bytes_moved``
-        (bytes sent between workers, all workers together) and ``messages``
-        (messages between workers, all workers together).
+        (bytes sent between workers, all workers together), ``messages``
+        (messages between workers, all workers together) and ``workers``
+        (``{worker: times}``, see :mod:`daskann.npt._timings`).
     diverged_step : int or None
         1-based step at which loss, gradients or weights became non-finite;
         ``model`` and ``velocity`` then hold the state before that step.
@@ -683,6 +685,10 @@ def _assemble(
                 "comm_time": float(max(wall - compute, 0.0)),
                 "bytes_moved": int(sum(r["stats"][t][2] for r in results)),
                 "messages": int(sum(r["stats"][t][3] for r in results)),
+                "workers": {
+                    r["worker"]: resident_worker_times(r["stats"][t][0], r["stats"][t][1], *r["stats"][t][4:6])
+                    for r in results
+                },
             }
         )
     diverged = results[0]["diverged"]

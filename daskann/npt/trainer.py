@@ -129,6 +129,12 @@ class NPTTrainer(BaseTrainer):
         The cost model's prediction table when anything was ``"auto"``.
     recoveries_ : int
         Times training was replayed after losing a worker.
+    worker_times_ : dict
+        Of the last ``fit``: ``{completed step: {worker: {"wall", "compute",
+        "serialise", "transfer", "idle"}}}``, where each worker's step time
+        went (seconds; the four parts add up to ``wall``; resident mode adds
+        ``recv_wait``). Graph mode reads it from the scheduler's task stream,
+        resident mode from the workers' own timers.
 
     Examples
     --------
@@ -518,9 +524,10 @@ class NPTTrainer(BaseTrainer):
         )
 
     def _adopt(self, outcome: Outcome) -> None:
-        """The grid, the replays and the state on the cells of a run, as far as it came."""
+        """The grid, the replays, the workers' step times and the state on the cells of a run, as far as it came."""
         self.grid_ = outcome.grid
         self.recoveries_ += outcome.recoveries
+        self.worker_times_ = outcome.worker_times
         if outcome.state is not None:
             # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
             self._grid_state, self.model_, self.velocity_ = outcome.state, None, None
