@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import get_args
 
+import dask
 import numpy as np
 
 from daskann import store as store_module
@@ -443,8 +444,6 @@ class MGRITTrainer(BaseTrainer):
             budget = options["max_iter"]
         X, y = run.data.X, run.data.y
         if run.scheduler != "distributed" and is_dask_array(X):  # local schedulers train in this process
-            import dask
-
             X, y = (np.asarray(a) for a in dask.compute(X, y))
         run.prop = SGDPropagator(
             run.model,

@@ -13,6 +13,7 @@ from typing import get_args
 
 import numpy as np
 import xarray as xr
+from distributed import Client
 
 from daskann import store
 from daskann._base import BaseTrainer, constructor_arguments
@@ -21,11 +22,12 @@ from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._typing import Activation, Combine, Loss, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
-from daskann.cluster import current_client
+from daskann.cluster import check_worker_memory, current_client, resolve_client
 from daskann.exceptions import SubModelError
 from daskann.nn import MLP
 from daskann.partition.diversity import submodel_diversity
 from daskann.partition.merge import check_combine, check_noise, merge_submodels
+from daskann.partition.npt_submodels import run_npt_submodels
 from daskann.partition.split import Partition, check_hidden_k, split_network
 from daskann.partition.submodels import (
     SHARED_SETTINGS,
@@ -35,6 +37,7 @@ from daskann.partition.submodels import (
     submodel_dir,
     submodel_seeds,
 )
+from daskann.serial import SerialTrainer
 
 MODES = get_args(PartitionMode)
 SUB_TRAINERS = get_args(SubTrainer)
@@ -238,8 +241,6 @@ class PartitionTrainer(BaseTrainer):
         with group_errors(_GROUP_OF):  # a bad option is named as given: split['mode'], merge['noise']
             s.update(self._check_groups())
         if self.client is not None:
-            from distributed import Client
-
             if not isinstance(self.client, Client):
                 raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
         return s
@@ -326,7 +327,6 @@ class PartitionTrainer(BaseTrainer):
         settings, data, total, sub_total, partition, run_dir = self._prepare(
             X, y, steps, epochs, validation_data, resume, fine_tune=True, eval_every=eval_every
         )
-        from daskann.cluster import resolve_client
 
         t_start = time.perf_counter()
         wall_start = time.time()
@@ -377,7 +377,6 @@ class PartitionTrainer(BaseTrainer):
         settings, data, _, sub_total, partition, run_dir = self._prepare(
             X, y, steps, epochs, validation_data, None, fine_tune=False, eval_every=eval_every
         )
-        from daskann.cluster import resolve_client
 
         t_start = time.perf_counter()
         with resolve_client(self.client) as client, self._claim_run_dir(run_dir):
@@ -509,8 +508,6 @@ class PartitionTrainer(BaseTrainer):
         self.run_prefix_ = prefix
         bar = self._progress_bar(partition.k, "partition sub-models", unit="sub-model").start()
         if settings["sub_trainer"] == "npt":
-            from daskann.partition.npt_submodels import run_npt_submodels
-
             results, failed = run_npt_submodels(
                 client,
                 specs,
@@ -519,8 +516,6 @@ class PartitionTrainer(BaseTrainer):
                 npt_options=self._npt_options,
             )
         else:
-            from daskann.cluster import check_worker_memory
-
             validation = data.validation
             # every worker gets all of the data: refuse before scattering if it cannot hold it
             check_worker_memory(
@@ -651,7 +646,6 @@ class PartitionTrainer(BaseTrainer):
         if settings["finetune_trainer"] == "npt":
             npt_class = _npt_trainer_class("finetune_trainer")
             return npt_class(settings["hidden_sizes"], client=client, **kwargs, **self._npt_options)
-        from daskann.serial import SerialTrainer
 
         return SerialTrainer(settings["hidden_sizes"], **kwargs)
 
