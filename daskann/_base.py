@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone
+from sklearn.utils import ClassifierTags, RegressorTags
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted, validate_data
 
@@ -210,8 +211,6 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
         return hasattr(self, "model_")
 
     def __sklearn_tags__(self):
-        from sklearn.utils import ClassifierTags, RegressorTags
-
         tags = super().__sklearn_tags__()
         tags.target_tags.required = True
         if self._fitted_loss() == "cross_entropy":

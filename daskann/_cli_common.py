@@ -17,10 +17,16 @@ import time
 from pathlib import Path
 
 import click
+import dask.array as da
 import numpy as np
+import zarr
 
 from daskann import store
 from daskann._base import constructor_arguments
+from daskann._dask_input import is_dask_array, remote_call
+from daskann._validation import invalid
+from daskann.cluster import client as make_client
+from daskann.data import DATASETS, Dataset, load_dataset
 
 
 def _int_list(ctx, param, value):
@@ -125,8 +131,6 @@ def network_options(func):
 
 def data_options(func):
     """Data set options."""
-    from daskann.data import DATASETS
-
     return option_group(
         click.option(
             "--dataset",
@@ -276,9 +280,7 @@ def cli_errors(func):
 
 def connect(opts: dict, *, quiet: bool = False):
     """The client the cluster options ask for; its dashboard link on stderr unless ``quiet``."""
-    from daskann.cluster import client
-
-    c = client(address=opts.get("address"), profile=opts.get("profile"), n_workers=opts.get("workers"), quiet=True)
+    c = make_client(address=opts.get("address"), profile=opts.get("profile"), n_workers=opts.get("workers"), quiet=True)
     if not quiet:
         echo_dashboard(c)
     return c
@@ -322,8 +324,6 @@ def setup_logging(level: str) -> None:
 
 def load_data(opts: dict):
     """The data set the options name: ``--data``'s zarr arrays (as dask arrays), or a named set."""
-    from daskann.data import load_dataset
-
     if opts.get("data_store") is not None:
         return load_zarr_data(opts["data_store"])
 
@@ -347,12 +347,6 @@ def load_zarr_data(path):
     (no validation without them). Nothing is read here: the task and loss come
     from the dtype of ``y`` (integers: classification).
     """
-    import dask.array as da
-    import zarr
-
-    from daskann._validation import invalid
-    from daskann.data import Dataset
-
     expected = "a zarr group holding arrays X and y (optionally X_val and y_val)"
     try:
         group = zarr.open_group(str(path), mode="r")
@@ -427,7 +421,6 @@ def summarize(trainer, dataset, *, method: str, seconds: float, output=None, ext
 
 def _validation_summary(model, dataset, loss: str) -> dict:
     """Validation loss (and accuracy) of the final model; on a worker for dask-array data."""
-    from daskann._dask_input import is_dask_array, remote_call
 
     def measure(model, X_val, y_val):
         values = {"val_loss": float(model.loss(X_val, y_val, loss))}

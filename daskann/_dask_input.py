@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import math
 
+import dask
+import dask.array as da
 import numpy as np
+from distributed import Client, futures_of
 
 from daskann._validation import (
     check_features_layout,
@@ -21,6 +24,7 @@ from daskann._validation import (
     non_finite,
     not_labels,
 )
+from daskann.cluster import current_sync_client
 
 __all__ = [
     "DaskInput",
@@ -35,16 +39,12 @@ __all__ = [
 
 
 def is_dask_array(value) -> bool:
-    """Whether ``value`` is a dask array (checked without importing dask for numpy input)."""
+    """Whether ``value`` is a dask array (checked by its attributes, as dask collections are recognised)."""
     return hasattr(value, "dask") and hasattr(value, "chunks") and hasattr(value, "__dask_graph__")
 
 
 def data_client(client):
     """The distributed client that dask-array data is read with: ``client``, the default one, or None."""
-    from distributed import Client
-
-    from daskann.cluster import current_sync_client
-
     if isinstance(client, Client):
         return client
     return current_sync_client()
@@ -59,8 +59,6 @@ class DaskInput:
 
 # -- metadata checks (on the client, no values) ---------------------------------------
 def _as_dask(value, name: str):
-    import dask.array as da
-
     if is_dask_array(value):
         if any(math.isnan(c) for dim in value.chunks for c in dim):
             raise invalid(
@@ -122,8 +120,6 @@ def _combine(*summaries) -> dict:
 
 def _summary(array, *, labels: bool = False):
     """A delayed summary of ``array``: one task per chunk and one that combines them."""
-    import dask
-
     blocks = array.to_delayed()
     starts = [np.cumsum((0, *c[:-1])) for c in array.chunks]
     parts = []
@@ -194,8 +190,6 @@ def check_dask_data(client, X, y, validation_data, *, loss: str, dtype, n_in=Non
 
 # -- reading on the workers ------------------------------------------------------------
 def _block_futures(array) -> dict:
-    from distributed import futures_of
-
     return {f.key: f for f in futures_of(array)}
 
 
@@ -247,9 +241,6 @@ def materialize(client, array, *, key: str, rows=None, cols=None, workers=None):
 
 def remote_call(func, *args, **kwargs):
     """``func(*args)`` computed on a worker, where dask-array arguments are read whole (small results only)."""
-    import dask
-    from distributed import futures_of
-
     client = next(iter(f.client for a in args for f in futures_of(a)), None) if args else None
     task = dask.delayed(func, pure=False)(*args, **kwargs)
     if client is None:

@@ -44,6 +44,8 @@ import sys
 import threading
 import time
 
+from distributed import get_worker
+
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 _GLIBC_DEFAULT = 128 * 1024
@@ -88,10 +90,8 @@ def _env_int(name: str) -> int:
 def _heap_blocks() -> int:
     """:data:`HEAP_BLOCKS`, or an eighth of this worker's memory limit if that is less."""
     try:
-        from distributed import get_worker
-
         limit = get_worker().memory_manager.memory_limit
-    except (ImportError, ValueError, AttributeError):  # not in a worker
+    except (ValueError, AttributeError):  # not in a worker
         limit = None
     return int(min(HEAP_BLOCKS, limit // 8)) if limit else HEAP_BLOCKS
 

@@ -8,6 +8,7 @@ trains on each label's position in ``classes_`` (output column ``c`` is class
 
 from __future__ import annotations
 
+import dask.array as da
 import numpy as np
 from sklearn.utils.multiclass import check_classification_targets
 
@@ -24,8 +25,6 @@ def unique_labels(y, client=None) -> np.ndarray:
     dask's default scheduler): only the unique labels reach the client.
     """
     if is_dask_array(y):
-        import dask.array as da
-
         uniques = da.unique(y)
         uniques = client.compute(uniques, sync=True) if client is not None else uniques.compute()
     else:

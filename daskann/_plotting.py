@@ -26,7 +26,7 @@ def figure(ncols: int = 1, *, size: tuple[float, float] = (6.0, 4.0)):
         Not registered with pyplot: save it with :func:`save`.
     axes : list of matplotlib.axes.Axes
     """
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib is optional (the plot extra)
 
     fig = Figure(figsize=(size[0] * ncols, size[1]), layout="constrained")
     return fig, list(fig.subplots(1, ncols, squeeze=False)[0])
@@ -40,7 +40,7 @@ def save(fig, path, *, dpi: int = 110) -> Path:
 
 def colour(index: int):
     """The ``index``-th colour of matplotlib's ``tab10`` cycle."""
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # matplotlib is optional (the plot extra)
 
     return colormaps["tab10"](index % 10)
 
@@ -107,7 +107,7 @@ def _set_lim(ax, axis: str, lo: float, hi: float) -> None:
 
 
 def _set_ticks(ax, axis: str, ticks) -> None:
-    from matplotlib.ticker import NullLocator
+    from matplotlib.ticker import NullLocator  # matplotlib is optional (the plot extra)
 
     target = ax.xaxis if axis == "x" else ax.yaxis
     target.set_minor_locator(NullLocator())

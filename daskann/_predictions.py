@@ -9,6 +9,7 @@ block is computed, naming its chunk and position.
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 
 from daskann._dask_input import check_dask_features_layout, is_dask_array
@@ -54,8 +55,6 @@ def model_logits(model, X):
     The model enters the graph once, as one key every block reads (its
     weights are never repeated per task).
     """
-    import dask
-
     X = X.rechunk({1: -1})
     shared = dask.delayed(model, pure=True)
     n_out = model.sizes[-1]

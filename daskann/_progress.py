@@ -14,6 +14,8 @@ import threading
 import time
 import warnings
 
+from tqdm import TqdmWarning
+
 __all__ = ["ProgressBar"]
 
 
@@ -78,12 +80,10 @@ class ProgressBar:
         return self._bar
 
     def _make_bar(self):
-        from tqdm import TqdmWarning
-
         with warnings.catch_warnings():
             # in a kernel without ipywidgets tqdm.auto warns and falls back to the text bar, which is fine here
             warnings.simplefilter("ignore", TqdmWarning)
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # imported here, inside the filter, as it may warn on import
         return tqdm(
             total=self.total,
             initial=self.n,

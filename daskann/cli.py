@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import json
 import time
+from pathlib import Path
 
 import click
 
+import daskann.mgrit  # noqa: F401  (registers the MGRIT trajectory verifier with the store)
 from daskann._cli_common import (
     LOG_LEVELS,
     cli_errors,
@@ -18,6 +21,10 @@ from daskann._cli_common import (
     setup_logging,
     training_options,
 )
+from daskann.cluster import client as make_client
+from daskann.cluster import close
+from daskann.serial import SerialTrainer
+from daskann.store import verify_path
 
 # method commands live with their method and load on first use
 TRAIN_COMMANDS = {
@@ -93,8 +100,6 @@ def train():
 @cli_errors
 def train_serial(**opts):
     """Reference training: minibatch SGD with momentum in one process."""
-    from daskann.serial import SerialTrainer
-
     run_training(lambda settings, data: SerialTrainer(**settings), opts, method="serial")
 
 
@@ -109,9 +114,6 @@ def bench():
 @cli_errors
 def demo(workers, as_json):
     """Train with every method on an embedded LocalCluster and report how well."""
-    from daskann.cluster import client as make_client
-    from daskann.cluster import close
-
     start = time.perf_counter()
     c = make_client(n_workers=workers, quiet=True)
     try:
@@ -143,12 +145,6 @@ def verify(path, as_json):
     'daskann train ... --output'. Prints one line per store (ok, damaged
     or orphan) and exits with status 1 if any is not ok.
     """
-    import json
-    from pathlib import Path
-
-    import daskann.mgrit  # noqa: F401  (registers the MGRIT trajectory verifier with the store)
-    from daskann.store import verify_path
-
     report = verify_path(Path(path))
     if as_json:
         click.echo(json.dumps(report, indent=2))

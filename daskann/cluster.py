@@ -28,11 +28,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import dask
+import numpy  # noqa: F401  (threadpoolctl lists only libraries already loaded)
 import yaml
-from distributed import Client, LocalCluster
+from distributed import Client, LocalCluster, default_client, get_worker
 from distributed.security import Security
+from threadpoolctl import threadpool_info
 
 from daskann import config
+from daskann._compat import set_current_client
 from daskann._validation import check_float, check_int, invalid
 
 logger = logging.getLogger(__name__)
@@ -568,8 +571,6 @@ def current_sync_client() -> Client | None:
     Code that waits for results cannot use an asynchronous client, such as the one a
     coroutine of dask-ml's searches runs under: it is left alone rather than taken by accident.
     """
-    from distributed import default_client
-
     try:
         current = default_client()
     except ValueError:
@@ -579,8 +580,6 @@ def current_sync_client() -> Client | None:
 
 def in_worker_task() -> bool:
     """Whether this code runs inside a task on a Dask worker."""
-    from distributed import get_worker
-
     try:
         get_worker()
     except ValueError:
@@ -641,8 +640,6 @@ def current_client(c: Client):
     thread-safe: trainings run at once from several threads would leave it set
     to ``"dask.distributed"`` after every client is gone.
     """
-    from daskann._compat import set_current_client
-
     with set_current_client(c):
         yield c
 
@@ -651,9 +648,6 @@ BLAS_INFO_KEYS = ("internal_api", "num_threads", "architecture", "version", "thr
 
 
 def _blas_info(keys=BLAS_INFO_KEYS) -> list[dict]:
-    import numpy  # noqa: F401  (threadpoolctl lists only libraries already loaded)
-    from threadpoolctl import threadpool_info
-
     return [{k: lib.get(k) for k in keys} for lib in threadpool_info() if lib.get("user_api") == "blas"]
 
 

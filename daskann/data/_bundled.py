@@ -29,7 +29,7 @@ def load_digits(dtype="float64"):
     ((1797, 64), 9)
     """
     dtype = check_float_dtype(dtype)
-    from sklearn.datasets import load_digits as _sklearn_load_digits
+    from sklearn.datasets import load_digits as _sklearn_load_digits  # heavy: imported when the set is loaded
 
     bunch = _sklearn_load_digits()
     X = (np.asarray(bunch.data, dtype=np.float64) / 16.0).astype(dtype)

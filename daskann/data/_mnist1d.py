@@ -65,7 +65,7 @@ def make_mnist1d(n_samples: int = 4000, *, seed: int = 0, dtype="float64"):
 
 @lru_cache(maxsize=8)
 def _generate(n_samples: int, seed: int):
-    from mnist1d.data import get_dataset_args, make_dataset
+    from mnist1d.data import get_dataset_args, make_dataset  # heavy (about a second): imported when generating
 
     args = get_dataset_args()
     args.num_samples = -(-n_samples // N_CLASSES) * N_CLASSES

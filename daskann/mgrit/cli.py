@@ -21,8 +21,11 @@ from daskann._cli_common import (
     run_training,
     training_options,
 )
+from daskann.cluster import client as make_client
+from daskann.cluster import close
 from daskann.exceptions import MGRITDidNotPay
 from daskann.mgrit.presets import PRESETS
+from daskann.mgrit.trainer import MGRITTrainer
 
 _RELAXATION = {"F": 0, "FCF": 1, "FCFCF": 2}
 
@@ -129,9 +132,6 @@ def mgrit_summary(trainer) -> dict:
 @cli_errors
 def train_command(**opts):
     """MGRIT over training steps: every SGD step solved at once by multigrid in time."""
-    from daskann.cluster import close
-    from daskann.mgrit.trainer import MGRITTrainer
-
     kwargs = _trainer_kwargs(opts)
     # options that need no data are checked before the data loads and a cluster starts
     MGRITTrainer(opts["hidden"] or (64,), **kwargs)._solver_options()
@@ -241,11 +241,11 @@ def train_command(**opts):
 def bench_command(**opts):
     """Iterations against training steps, work-model speedup and wall clock against serial training."""
     if opts["grid"]:
-        from daskann.bench import mgrit_grid
+        from daskann.bench import mgrit_grid  # the benchmarks load on first use
 
         mgrit_grid.main(opts, echo=click.echo)
     elif opts["paper"]:
-        from daskann.bench import mgrit_tables
+        from daskann.bench import mgrit_tables  # the benchmarks load on first use
 
         mgrit_tables.paper_main(opts, echo=click.echo)
     elif opts["efficiency"]:
@@ -260,16 +260,13 @@ def _say(opts: dict):
 
 
 def _bench_client(opts: dict):
-    from daskann.cluster import client
-
-    return client(opts.get("address"), n_workers=None if opts.get("address") else opts["workers"], quiet=True)
+    return make_client(opts.get("address"), n_workers=None if opts.get("address") else opts["workers"], quiet=True)
 
 
 def _study(opts: dict) -> None:
     """The iteration study and the wall-clock comparison: ``mgrit-bench.json`` and two plots."""
-    from daskann.bench import mgrit
+    from daskann.bench import mgrit  # the benchmarks load on first use
     from daskann.bench._report import json_default
-    from daskann.cluster import close
 
     config = mgrit.StudyConfig.from_options(**opts)
     Path(opts["output"]).mkdir(parents=True, exist_ok=True)
@@ -287,9 +284,8 @@ def _study(opts: dict) -> None:
 
 def _efficiency(opts: dict) -> None:
     """The execution study: ``mgrit-efficiency.json``."""
-    from daskann.bench import mgrit_efficiency
+    from daskann.bench import mgrit_efficiency  # the benchmarks load on first use
     from daskann.bench._report import json_default, write_json
-    from daskann.cluster import close
 
     config = mgrit_efficiency.EfficiencyConfig.from_options(**opts)
     output = Path(opts["output"])

@@ -34,6 +34,7 @@ import functools
 import math
 import os
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -41,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import get_args
+from urllib.parse import urlparse
 
 import numpy as np
 from distributed import Client
@@ -48,7 +50,7 @@ from distributed import Client
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._typing import CycleType
 from daskann._validation import check_choice, check_float, check_int, invalid
-from daskann.cluster import worker_addresses
+from daskann.cluster import resolve_client, worker_addresses
 from daskann.exceptions import MGRITDiverged, PropagatorError
 from daskann.mgrit import _store, workmodel
 from daskann.mgrit._kernels import Context, StepFailed
@@ -528,8 +530,6 @@ class MGRIT:
         """
         opt = self._check()
         if opt["scheduler"] == "distributed":
-            from daskann.cluster import resolve_client
-
             with resolve_client(None) as client:
                 opt["scheduler"] = client
                 return self._solve(opt)
@@ -669,9 +669,6 @@ def _paper_speedup(opt: dict, n_iter: int) -> float:
 
 
 def _workers_are_local(client: Client) -> bool:
-    import socket
-    from urllib.parse import urlparse
-
     local = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
     try:
         local.add(socket.gethostbyname(socket.gethostname()))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import get_args
 
+import dask
 import numpy as np
 
 from daskann import store as store_module
@@ -364,6 +365,12 @@ class MGRITTrainer(BaseTrainer):
         run = self._prepare_fit(X, y, steps, epochs, validation_data, eval_every, init_model, resume)
         solver = self._plan_solver(run)
         solver._check()  # every solver option, before the reference run and before any task
+        result = self._run_solve(run, solver, reference, X, y)
+        self._warn_if_unpaid(result)
+        return self
+
+    def _run_solve(self, run: _FitRun, solver: MGRIT, reference, X, y) -> MGRITResult:
+        """The reference run and the solve (strict or adaptive), which sets the fitted state."""
         # over the iteration budget: a converged run stops short of it
         run.bar = self._progress_bar(run.options["max_iter"], "mgrit", unit="iteration")
         with self._run_lock(), run.bar:  # the folder is this run's until its checkpoint is written
@@ -371,8 +378,7 @@ class MGRITTrainer(BaseTrainer):
             strict = run.solver["require_convergence"]
             result = self._solve(run, solver) if strict else self._solve_adaptive(run, solver)
             self._finish_fit(run, result)
-        self._warn_if_unpaid(result)
-        return self
+        return result
 
     def _forget_fit(self) -> None:
         for name in ("model_", "velocity_", "n_steps_", "n_iter_", "result_", "history_"):
@@ -438,32 +444,10 @@ class MGRITTrainer(BaseTrainer):
         default to the fit's own solve.
         """
         first = options is None
-        options, settings = (run.options if first else options), run.settings
+        options = run.options if first else options
         if budget is None and not run.solver["require_convergence"]:
             budget = options["max_iter"]
-        X, y = run.data.X, run.data.y
-        if run.scheduler != "distributed" and is_dask_array(X):  # local schedulers train in this process
-            import dask
-
-            X, y = (np.asarray(a) for a in dask.compute(X, y))
-        run.prop = SGDPropagator(
-            run.model,
-            X,
-            y,
-            loss=settings["loss"],
-            order=run.order,
-            lr=settings["lr"],
-            momentum=settings["momentum"],
-            coarse=options["coarse"],
-            alpha_growth=options["alpha_growth"],
-            alpha_cap=options["alpha_cap"],
-            substeps=options["substeps"],
-            coarse_batches=options["coarse_batches"],
-            step_offset=run.done,
-            # without momentum the velocity (the last gradient) is read by no step: a state of the parameters
-            # alone halves what every step, copy and write moves; the fit's last gradient is taken at the end
-            velocity=bool(settings["momentum"]),
-        )
+        run.prop = self._propagator(run, options)
         u0 = run.u0 = run.prop.initial_state(run.model, run.velocity)
         run_id = _run_id(run.prop.get_config(), options, u0, run.total - run.done)
         if first:
@@ -493,6 +477,31 @@ class MGRITTrainer(BaseTrainer):
             # an adapted attempt is not resumable: a temporary store of its own
             store=None if inprocess or not first else run.store,
             scheduler=None if inprocess else run.scheduler,
+        )
+
+    def _propagator(self, run: _FitRun, options: dict) -> SGDPropagator:
+        """The run's SGD steps as the solver's propagator, coarsened as ``options`` say."""
+        settings = run.settings
+        X, y = run.data.X, run.data.y
+        if run.scheduler != "distributed" and is_dask_array(X):  # local schedulers train in this process
+            X, y = (np.asarray(a) for a in dask.compute(X, y))
+        return SGDPropagator(
+            run.model,
+            X,
+            y,
+            loss=settings["loss"],
+            order=run.order,
+            lr=settings["lr"],
+            momentum=settings["momentum"],
+            coarse=options["coarse"],
+            alpha_growth=options["alpha_growth"],
+            alpha_cap=options["alpha_cap"],
+            substeps=options["substeps"],
+            coarse_batches=options["coarse_batches"],
+            step_offset=run.done,
+            # without momentum the velocity (the last gradient) is read by no step: a state of the parameters
+            # alone halves what every step, copy and write moves; the fit's last gradient is taken at the end
+            velocity=bool(settings["momentum"]),
         )
 
     def _record_iteration(self, run: _FitRun, info) -> None:

@@ -20,6 +20,8 @@ from daskann._cli_common import (
     run_training,
     training_options,
 )
+from daskann.cluster import close
+from daskann.partition import PartitionTrainer
 
 _partition_options = option_group(
     click.option("-k", "--k", "k", type=int, default=2, show_default=True, help="Number of sub-models."),
@@ -106,9 +108,6 @@ def partition_summary(trainer) -> dict:
 @cli_errors
 def train_command(**opts):
     """Partitioned pre-training: k sub-models as futures, merged on the client, fine-tuned."""
-    from daskann.cluster import close
-    from daskann.partition import PartitionTrainer
-
     # every check that needs no data runs before the data loads and a cluster starts;
     # the trainer's noise is --merge-noise here (--noise is the linear data's)
     with option_errors({"noise": "merge_noise"}):
@@ -134,8 +133,6 @@ def train_command(**opts):
 
 def make_probe(opts: dict):
     """An unfitted trainer from the options, to validate them before anything starts."""
-    from daskann.partition import PartitionTrainer
-
     hidden = opts.get("hidden") or (64,)
     return PartitionTrainer(
         hidden,
@@ -204,7 +201,7 @@ def _merge_options(opts: dict) -> dict:
 @cli_errors
 def bench_command(**opts):
     """Time to a target validation accuracy: full training vs. k sub-models (parallel, sequential)."""
-    from daskann.bench.partition import BenchmarkConfig, format_report, run_benchmark
+    from daskann.bench.partition import BenchmarkConfig, format_report, run_benchmark  # loads on first use
 
     config = BenchmarkConfig.from_options(**opts)
     report = run_benchmark(

@@ -12,6 +12,8 @@ import socket
 import time
 from pathlib import Path
 
+from daskann import store
+from daskann.cluster import current_client
 from daskann.partition.submodels import SubModelResult, SubModelSpec
 
 
@@ -20,9 +22,7 @@ def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, 
 
     Returns ``(results, failed)`` as :func:`daskann.partition.submodels.run_submodels`.
     """
-    from daskann import store
-    from daskann.cluster import current_client
-    from daskann.npt import NPTTrainer
+    from daskann.npt import NPTTrainer  # the NPT engine loads on first use, as in trainer._npt_trainer_class
 
     results: list = [None] * len(specs)
     failed: dict = {}

@@ -20,10 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import xarray as xr
+from distributed import get_worker
 
-from daskann import config
+from daskann import config, store
 from daskann._base import constructor_arguments
+from daskann.cluster import worker_addresses
 from daskann.nn import MLP
+from daskann.serial import SerialTrainer
 
 #: settings a sub-model shares with the full network's trainer
 SHARED_SETTINGS = (
@@ -125,9 +128,6 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
     a fresh run, so a checkpoint found is either the user's run being resumed
     or an earlier attempt of this task whose worker died.
     """
-    from daskann import store
-    from daskann.serial import SerialTrainer
-
     started = time.time()
     trainer = SerialTrainer(spec.hidden_sizes, **spec.trainer_arguments())
     resume, resumed_from = None, 0
@@ -157,8 +157,6 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
 
 def _worker_address() -> str:
     try:
-        from distributed import get_worker
-
         return get_worker().address
     except ValueError:  # called outside a worker
         return ""
@@ -207,8 +205,6 @@ def run_submodels(
         One :class:`SubModelResult` per sub-model, ``None`` where it failed.
     failed : dict of int to BaseException
     """
-    from daskann.cluster import worker_addresses
-
     workers = tuple(worker_addresses(client))
     phase = _Phase(client, prefix, retries, timeout, time.perf_counter() + timeout, workers, rescatter, watch)
     tasks = _SubModelTasks(phase, specs, data)

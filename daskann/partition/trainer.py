@@ -13,6 +13,7 @@ from typing import get_args
 
 import numpy as np
 import xarray as xr
+from distributed import Client
 
 from daskann import store
 from daskann._base import CHECKPOINT_DIR, BaseTrainer, constructor_arguments
@@ -21,11 +22,12 @@ from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._typing import Activation, Combine, Loss, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
-from daskann.cluster import current_client
+from daskann.cluster import check_worker_memory, current_client, resolve_client
 from daskann.exceptions import SubModelError
 from daskann.nn import MLP
 from daskann.partition.diversity import submodel_diversity
 from daskann.partition.merge import check_combine, check_noise, merge_submodels
+from daskann.partition.npt_submodels import run_npt_submodels
 from daskann.partition.split import Partition, check_hidden_k, split_network
 from daskann.partition.submodels import (
     SHARED_SETTINGS,
@@ -35,6 +37,7 @@ from daskann.partition.submodels import (
     submodel_dir,
     submodel_seeds,
 )
+from daskann.serial import SerialTrainer
 
 MODES = get_args(PartitionMode)
 SUB_TRAINERS = get_args(SubTrainer)
@@ -238,8 +241,6 @@ class PartitionTrainer(BaseTrainer):
         with group_errors(_GROUP_OF):  # a bad option is named as given: split['mode'], merge['noise']
             s.update(self._check_groups())
         if self.client is not None:
-            from distributed import Client
-
             if not isinstance(self.client, Client):
                 raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
         return s
@@ -326,7 +327,6 @@ class PartitionTrainer(BaseTrainer):
         settings, data, total, sub_total, partition, run_dir = self._prepare(
             X, y, steps, epochs, validation_data, resume, fine_tune=True, eval_every=eval_every
         )
-        from daskann.cluster import resolve_client
 
         t_start = time.perf_counter()
         wall_start = time.time()
@@ -334,14 +334,7 @@ class PartitionTrainer(BaseTrainer):
             results = self._train_submodels(client, settings, data, partition, sub_total, run_dir)
             t_sub = time.perf_counter()
             self.timings_["submodel"] = t_sub - t_start
-            merged = merge_submodels(
-                partition,
-                [r.model for r in results],
-                combine=settings["combine"],
-                noise=settings["noise"],
-                seed=merge_seed(settings["seed"]),
-            )
-            self.merged_model_ = merged.copy()
+            merged = self._merge(settings, partition, results)
             self.timings_["merge"] = time.perf_counter() - t_sub
             merge_values = self._evaluate(merged, data.validation, settings["loss"])
             self._record_pretrain(results, merge_values, wall_start, sub_total)
@@ -377,7 +370,6 @@ class PartitionTrainer(BaseTrainer):
         settings, data, _, sub_total, partition, run_dir = self._prepare(
             X, y, steps, epochs, validation_data, None, fine_tune=False, eval_every=eval_every
         )
-        from daskann.cluster import resolve_client
 
         t_start = time.perf_counter()
         with resolve_client(self.client) as client, self._claim_run_dir(run_dir):
@@ -490,27 +482,11 @@ class PartitionTrainer(BaseTrainer):
             yield
 
     def _train_submodels(self, client, settings, data, partition, sub_total, run_dir):
-        shared = {name: settings[name] for name in SHARED_SETTINGS}
-        shared["dtype"] = settings["dtype"].name
-        specs = [
-            SubModelSpec(
-                index=g,
-                hidden_sizes=partition.submodel_sizes(g)[1:-1],
-                seed=self.seeds_[g],
-                settings=shared,
-                steps=sub_total,
-                eval_every=settings["eval_every"],
-                checkpoint_dir=None if run_dir is None else str(submodel_dir(run_dir, g)),
-                checkpoint_every=settings["checkpoint_every"],
-            )
-            for g in range(partition.k)
-        ]
+        specs = self._submodel_specs(settings, partition, sub_total, run_dir)
         prefix = f"daskann-partition-{uuid.uuid4().hex[:12]}"
         self.run_prefix_ = prefix
         bar = self._progress_bar(partition.k, "partition sub-models", unit="sub-model").start()
         if settings["sub_trainer"] == "npt":
-            from daskann.partition.npt_submodels import run_npt_submodels
-
             results, failed = run_npt_submodels(
                 client,
                 specs,
@@ -519,45 +495,7 @@ class PartitionTrainer(BaseTrainer):
                 npt_options=self._npt_options,
             )
         else:
-            from daskann.cluster import check_worker_memory
-
-            validation = data.validation
-            # every worker gets all of the data: refuse before scattering if it cannot hold it
-            check_worker_memory(
-                client, data.X.nbytes + data.y.nbytes + sum(a.nbytes for a in (validation or ())), name="X"
-            )
-            # the data goes to every worker once: tasks get futures, never closures over arrays
-            scattered = []
-
-            def scatter():
-                if scattered:  # a rerun after every copy died: nannies may still be bringing workers back
-                    client.wait_for_workers(1, timeout=settings["timeout"])
-                if is_dask_array(data.X):
-                    X_f, y_f, val_f = _shared_copies(client, data, f"{prefix}-data-{len(scattered)}")
-                else:
-                    X_f, y_f = client.scatter([data.X, data.y], broadcast=True, hash=False)
-                    val_f = (
-                        None
-                        if validation is None
-                        else tuple(client.scatter(list(validation), broadcast=True, hash=False))
-                    )
-                scattered.extend([X_f, y_f, *(val_f or ())])
-                return X_f, y_f, val_f
-
-            try:
-                results, failed = run_submodels(
-                    client,
-                    specs,
-                    scatter(),
-                    mode=settings["mode"],
-                    prefix=prefix,
-                    retries=settings["retries"],
-                    timeout=settings["timeout"],
-                    rescatter=scatter,
-                    watch=_advance_when_done(bar),
-                )
-            finally:
-                client.cancel(scattered)
+            results, failed = self._run_serial_submodels(client, settings, data, specs, prefix, bar)
         # every sub-model has finished or failed; done-callbacks may lag, and NPT sub-models have none
         bar.update(partition.k)
         bar.close()
@@ -571,6 +509,76 @@ class PartitionTrainer(BaseTrainer):
             [r.history for r in results], dim="submodel", join="outer", combine_attrs="drop_conflicts"
         ).assign_coords(submodel=np.arange(partition.k))
         return results
+
+    def _submodel_specs(self, settings, partition, sub_total, run_dir) -> list[SubModelSpec]:
+        """What each sub-model's task trains: its widths, seed, shared settings, length and folder."""
+        shared = {name: settings[name] for name in SHARED_SETTINGS}
+        shared["dtype"] = settings["dtype"].name
+        return [
+            SubModelSpec(
+                index=g,
+                hidden_sizes=partition.submodel_sizes(g)[1:-1],
+                seed=self.seeds_[g],
+                settings=shared,
+                steps=sub_total,
+                eval_every=settings["eval_every"],
+                checkpoint_dir=None if run_dir is None else str(submodel_dir(run_dir, g)),
+                checkpoint_every=settings["checkpoint_every"],
+            )
+            for g in range(partition.k)
+        ]
+
+    def _run_serial_submodels(self, client, settings, data, specs, prefix, bar):
+        """Serial-trainer sub-models as tasks on the workers, each holding a copy of the data.
+
+        Returns ``(results, failed)`` as :func:`daskann.partition.submodels.run_submodels`.
+        """
+        validation = data.validation
+        # every worker gets all of the data: refuse before scattering if it cannot hold it
+        check_worker_memory(client, data.X.nbytes + data.y.nbytes + sum(a.nbytes for a in (validation or ())), name="X")
+        # the data goes to every worker once: tasks get futures, never closures over arrays
+        scattered = []
+
+        def scatter():
+            if scattered:  # a rerun after every copy died: nannies may still be bringing workers back
+                client.wait_for_workers(1, timeout=settings["timeout"])
+            if is_dask_array(data.X):
+                X_f, y_f, val_f = _shared_copies(client, data, f"{prefix}-data-{len(scattered)}")
+            else:
+                X_f, y_f = client.scatter([data.X, data.y], broadcast=True, hash=False)
+                val_f = (
+                    None if validation is None else tuple(client.scatter(list(validation), broadcast=True, hash=False))
+                )
+            scattered.extend([X_f, y_f, *(val_f or ())])
+            return X_f, y_f, val_f
+
+        try:
+            results, failed = run_submodels(
+                client,
+                specs,
+                scatter(),
+                mode=settings["mode"],
+                prefix=prefix,
+                retries=settings["retries"],
+                timeout=settings["timeout"],
+                rescatter=scatter,
+                watch=_advance_when_done(bar),
+            )
+        finally:
+            client.cancel(scattered)
+        return results, failed
+
+    def _merge(self, settings, partition, results) -> MLP:
+        """The full network merged from the sub-models (a copy kept as ``merged_model_``)."""
+        merged = merge_submodels(
+            partition,
+            [r.model for r in results],
+            combine=settings["combine"],
+            noise=settings["noise"],
+            seed=merge_seed(settings["seed"]),
+        )
+        self.merged_model_ = merged.copy()
+        return merged
 
     def _record_pretrain(self, results, merge_values, wall_start, sub_total):
         """Rows of the sub-model phase (summaries over sub-models) and of the merge."""
@@ -651,7 +659,6 @@ class PartitionTrainer(BaseTrainer):
         if settings["finetune_trainer"] == "npt":
             npt_class = _npt_trainer_class("finetune_trainer")
             return npt_class(settings["hidden_sizes"], client=client, **kwargs, **self._npt_options)
-        from daskann.serial import SerialTrainer
 
         return SerialTrainer(settings["hidden_sizes"], **kwargs)
 

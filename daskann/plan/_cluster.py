@@ -31,8 +31,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 from daskann._validation import invalid
+from daskann.cluster import _profile_path
 
 REQUIRED = ("flop_rate", "latency", "bandwidth", "task_overhead")
 OPTIONAL = (
@@ -171,8 +173,6 @@ def _number(value):
 
 def load_cluster(path) -> ClusterSpec:
     """Read a cluster description from a YAML file (a ``plan:`` mapping inside a profile works too)."""
-    import yaml
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"cluster={str(path)!r} is not valid: expected an existing YAML file")
@@ -184,10 +184,6 @@ def load_cluster(path) -> ClusterSpec:
 
 def profile_cluster(profile: str) -> ClusterSpec:
     """The typical values a dask-jobqueue profile carries under its ``plan:`` key."""
-    import yaml
-
-    from daskann.cluster import _profile_path
-
     path = Path(_profile_path(profile))
     spec = yaml.safe_load(path.read_text()) or {}
     if "plan" not in spec:
@@ -197,8 +193,6 @@ def profile_cluster(profile: str) -> ClusterSpec:
 
 def write_cluster(cluster: ClusterSpec, path) -> Path:
     """Write ``cluster`` as a YAML file that :func:`load_cluster` reads back."""
-    import yaml
-
     path = Path(path)
     header = f"# daskann plan cluster description ({cluster.name})\n"
     path.write_text(header + yaml.safe_dump(cluster.to_dict(), sort_keys=False))

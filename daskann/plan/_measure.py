@@ -7,12 +7,14 @@ of :mod:`daskann.plan._model` leave out, so this module reads those models.
 
 from __future__ import annotations
 
+import tempfile
 import time
 import uuid
 import warnings
 from dataclasses import replace
 
 import numpy as np
+import zarr
 
 from daskann._gemm import gemm_call_seconds, gemm_rate
 from daskann._validation import invalid
@@ -246,10 +248,6 @@ def _resident_step_cost(
 
 def _store_cost(repeats: int = 20) -> float:
     """Seconds of one small chunk written or read in a zarr store on local disk, the store opened each time."""
-    import tempfile
-
-    import zarr
-
     with tempfile.TemporaryDirectory() as folder:
         zarr.open_array(f"{folder}/a.zarr", mode="w", shape=(repeats, 1024), chunks=(1, 1024), dtype="f8")
         row = np.ones(1024)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from daskann import _plotting
+
 
 def _config_text(config: dict) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items())
@@ -42,8 +44,6 @@ def format_validation(rows: list[dict]) -> str:
 
 def plot_speedup(plan: dict, path) -> Path:
     """Predicted speedup over serial training against workers, one line per method (log2 x axis)."""
-    from daskann import _plotting
-
     fig, (ax,) = _plotting.figure()
     methods = list(dict.fromkeys(r["method"] for r in plan["predictions"]))
     workers = sorted({r["workers"] for r in plan["predictions"]})

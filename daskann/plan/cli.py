@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
+import numpy as np
 
-from daskann._cli_common import cli_errors, cluster_options, connect, network_options
+from daskann._cli_common import cli_errors, cluster_options, connect, load_data, network_options
+from daskann._json import clean_json
+from daskann._validation import check_float, check_int, invalid
+from daskann.cluster import close
+from daskann.data import DATASETS, make_linear
+from daskann.npt._paper_nets import PAPER_NETS
 from daskann.npt.cli import mode_option
-from daskann.plan._model import FINETUNE_FRACTION, METHODS
+from daskann.npt.cli import plan_command as npt_plan
+from daskann.plan._cluster import load_cluster, profile_cluster, write_cluster
+from daskann.plan._measure import calibrate_mgrit, measure_cluster
+from daskann.plan._model import FINETUNE_FRACTION, METHODS, Network, mgrit_configs, plan
+from daskann.plan._report import format_plan, format_validation, plot_speedup
+from daskann.plan._runs import pilot_configs, validate
 
 NETS = ("one-hidden", "two-hidden", "two-hidden-256")
 
@@ -73,17 +85,13 @@ def plan_command(ctx, **opts):
         return _validate(opts, net, hidden, X, y, train, methods, settings["finetune"])
     configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
     cluster, configs = _cluster(opts, net, configs)
-    from daskann.plan._model import plan
 
     result = plan(net, cluster, methods=methods, mgrit_configs_=configs, finetune_fraction=settings["finetune"])
     if opts["plot"] is not None and result["predictions"]:
-        from daskann.plan._report import plot_speedup
-
         plot_speedup(result, opts["plot"])
     if opts["as_json"]:
         click.echo(json.dumps(_clean(result), indent=2))
         return None
-    from daskann.plan._report import format_plan
 
     click.echo(
         f"net {net.name} ({'-'.join(map(str, net.sizes))}), batch {net.batch_size}, {net.steps} steps, "
@@ -96,8 +104,6 @@ def plan_command(ctx, **opts):
 
 def _check(opts: dict) -> dict:
     """Every flag checked before anything runs."""
-    from daskann._validation import check_float, check_int, invalid
-
     if opts["iterations"] is not None:
         check_int("iterations", opts["iterations"])
     if opts["workers"] is not None:
@@ -114,47 +120,32 @@ def _check(opts: dict) -> dict:
     if opts["measure"] and opts["output"] is None:
         raise invalid("output", None, "a file for --measure to write, e.g. -o mycluster.yaml")
     if opts["dataset"] is not None:
-        from daskann.data import DATASETS
-
         if opts["dataset"] not in DATASETS:
             raise invalid("dataset", opts["dataset"], "one of " + ", ".join(DATASETS))
     if opts["cluster_file"] is not None:
-        from daskann.plan._cluster import load_cluster
-
         load_cluster(opts["cluster_file"])  # a bad file fails here, before any run
     return {"finetune": finetune}
 
 
 def _npt_table(ctx, opts: dict):
     """The NPT grid table of the live cluster (the command before it covered every method)."""
-    from daskann.npt.cli import plan_command as npt_plan
-
     keep = ("hidden", "n_features", "n_outputs", "batch_size", "dtype", "mode", "as_json", "address", "profile")
     return ctx.invoke(npt_plan, **{k: opts[k] for k in keep}, workers=opts["workers"])
 
 
 def _problem(opts: dict, settings: dict):
     """The network, its data (arrays, made or loaded) and the trainer settings of the pilot and validation."""
-    import numpy as np
-
-    from daskann.npt._paper_nets import PAPER_NETS
-    from daskann.plan._model import Network
-
     hidden, n_features, n_outputs, name = tuple(opts["hidden"]), opts["n_features"], opts["n_outputs"], None
     if opts["net"] is not None:
         spec = PAPER_NETS[opts["net"]]
         hidden, n_features, n_outputs, name = tuple(spec["hidden"]), spec["n_features"], spec["n_outputs"], opts["net"]
     loss = "mse"
     if opts["dataset"] is not None:
-        from daskann._cli_common import load_data
-
         data = load_data({**opts, "n_features": None, "n_outputs": None, "seed": 0, "noise": 0.1})
         X, y, loss = data.X_train, data.y_train, data.loss
         n_features, n_outputs = data.n_features, data.n_outputs
         name = name or opts["dataset"]
     else:
-        from daskann.data import make_linear
-
         X, y = make_linear(opts["n_samples"], n_features, n_outputs, seed=0)
     batch = opts["batch_size"]
     if opts["epochs"] is not None:
@@ -182,14 +173,10 @@ def _problem(opts: dict, settings: dict):
 
 def _cluster(opts: dict, net=None, configs=()):
     """The cluster to predict for, and the MGRIT ``configs`` with their task costs where it is the live one."""
-    from daskann.plan._cluster import load_cluster, profile_cluster
-    from daskann.plan._measure import calibrate_mgrit, measure_cluster
-
     if opts["cluster_file"] is not None:
         return load_cluster(opts["cluster_file"]), list(configs)
     if opts["profile"] is not None and opts["address"] is None:
         return profile_cluster(opts["profile"]), list(configs)
-    from daskann.cluster import close
 
     client = connect(opts, quiet=True)
     try:
@@ -200,10 +187,6 @@ def _cluster(opts: dict, net=None, configs=()):
 
 
 def _measure(opts: dict) -> None:
-    from daskann.cluster import close
-    from daskann.plan._cluster import write_cluster
-    from daskann.plan._measure import measure_cluster
-
     client = connect(opts, quiet=True)
     try:
         cluster = measure_cluster(client)
@@ -215,21 +198,12 @@ def _measure(opts: dict) -> None:
 
 
 def _mgrit_configs(opts: dict, net, hidden, X, y, train) -> list[dict]:
-    from daskann.plan._model import mgrit_configs
-    from daskann.plan._runs import pilot_configs
-
     if opts["iterations"] is not None:
         return [{**c, "iterations": opts["iterations"]} for c in mgrit_configs(net.steps)]
     return pilot_configs(hidden, X, y, train, net.steps)
 
 
 def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) -> None:
-    import os
-
-    from daskann.cluster import close
-    from daskann.plan._report import format_validation
-    from daskann.plan._runs import validate
-
     configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
     client = connect(opts, quiet=True)
     try:
@@ -245,6 +219,4 @@ def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) ->
 
 
 def _clean(value):
-    from daskann._json import clean_json
-
     return clean_json(value)
