@@ -16,9 +16,9 @@ Output = Literal["linear", "softmax", "sigmoid", "tanh"]
 Loss = Literal["mse", "cross_entropy", "sse"]
 #: floating-point type of weights and data
 FloatDType = Literal["float32", "float64"]
-#: NPT execution mode (``daskann.npt.trainer.MODES``)
+#: NPT execution mode (``daskann.npt._engine_options.MODES``)
 NPTMode = Literal["auto", "graph", "resident"]
-#: NPT graph-mode pipelining (``daskann.npt.trainer.PIPELINES``)
+#: NPT graph-mode pipelining (``daskann.npt._engine_options.PIPELINES``)
 NPTPipeline = Literal["auto", "fused", "single", "double"]
 #: where MGRIT's tasks run (``daskann.mgrit.trainer.SCHEDULERS``)
 MGRITScheduler = Literal["distributed", "threads", "sync", "inprocess"]

@@ -7,15 +7,15 @@ import typing
 import pytest
 
 from daskann import _typing
-from daskann.npt import trainer as npt_trainer
+from daskann.npt import _engine_options as npt_options
 
 
 # the other runtime choices are built from their Literal with typing.get_args; these are written out
 @pytest.mark.parametrize(
     ("alias", "accepted"),
     [
-        (_typing.NPTMode, npt_trainer.MODES),
-        (_typing.NPTPipeline, npt_trainer.PIPELINES),
+        (_typing.NPTMode, npt_options.MODES),
+        (_typing.NPTPipeline, npt_options.PIPELINES),
     ],
 )
 def test_literal_types_match_the_runtime_choices(alias, accepted):

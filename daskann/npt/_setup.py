@@ -4,8 +4,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from daskann.cluster import check_worker_memory, worker_addresses
+from daskann._validation import invalid
+from daskann.cluster import check_worker_memory, worker_addresses, worker_threads
+from daskann.npt import costmodel
 from daskann.npt.grid import ProcessGrid
+
+
+def check_cluster(client, npt: dict) -> list[str]:
+    """The cluster's workers, checked against the options ``npt``: the scheduler's view only, no task submitted."""
+    workers = worker_addresses(client)
+    if not workers:
+        raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
+    if npt["deterministic"]:
+        threads = worker_threads(client)
+        threaded = {w: threads[w] for w in workers if threads.get(w, 1) > 1}
+        if threaded:
+            w, n = next(iter(threaded.items()))
+            raise invalid(
+                "engine['deterministic']",
+                True,
+                f"a cluster whose workers run one thread each (worker {w} runs {n}; "
+                f"{len(threaded)} of {len(workers)} workers are multi-threaded), "
+                "or engine={'deterministic': False}",
+            )
+    if npt["grid"] != "auto":
+        ProcessGrid.from_workers(npt["grid"], workers, share_workers=npt["share_workers"])
+    return workers
 
 
 def grid_and_mode(client, npt: dict, sizes, settings: dict, *, resident_available: bool):
@@ -14,8 +38,6 @@ def grid_and_mode(client, npt: dict, sizes, settings: dict, *, resident_availabl
     With a grid or mode ``"auto"`` the cluster is measured and the cost model picks them (``plan`` is
     its prediction table); otherwise ``plan`` and ``cost_model`` are None.
     """
-    from daskann.npt import costmodel
-
     workers = worker_addresses(client)
     itemsize = np.dtype(settings["dtype"]).itemsize
     batch = settings["batch_size"]

@@ -17,7 +17,7 @@ from daskann._cli_common import (
     run_training,
     training_options,
 )
-from daskann.npt.trainer import MODES, PIPELINES
+from daskann.npt._engine_options import MODES, PIPELINES
 
 
 def mode_option(help: str):

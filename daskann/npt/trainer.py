@@ -6,68 +6,24 @@ import uuid
 
 import numpy as np
 
+from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._history import HistoryRecorder
-from daskann._options import OptionGroup, resolve_group
-from daskann._typing import Activation, Loss, NPTMode, NPTPipeline
-from daskann._validation import check_choice, check_float, invalid
-from daskann.cluster import check_worker_memory
+from daskann._typing import Activation, Loss, NPTMode
+from daskann.cluster import check_worker_memory, current_client, resolve_client, worker_addresses
 from daskann.nn import MLP, SGD
 from daskann.npt._checkpoints import block_checkpoint_writer, previous_history, verify_store
-from daskann.npt._grid_results import gather_state, grid_logits, state_biases, state_client, state_weights
-from daskann.npt._setup import check_block_memory, grid_and_mode
+from daskann.npt._engine_options import CHAINS, NPTEngineOptions, check_npt_options, resident_available
+from daskann.npt._graph_run import run_graph
+from daskann.npt._grid_results import GridResults
+from daskann.npt._setup import check_block_memory, check_cluster, grid_and_mode
 from daskann.npt._start import RunStart
 from daskann.npt._stretch import Outcome, Stretch
-from daskann.npt.grid import ProcessGrid, parse_grid
-
-MODES = ("auto", "graph", "resident")
-
-PIPELINES = ("auto", "fused", "single", "double")
-_CHAINS = {"fused": 0, "single": 1, "double": 2}
+from daskann.npt.costmodel import pipeline_chains
+from daskann.npt.grid import ProcessGrid
 
 
-def resident_available() -> bool:
-    """Whether the resident-mode engine can be imported."""
-    try:
-        from daskann.npt import resident  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-class NPTEngineOptions(OptionGroup):
-    """The ``engine`` options of :class:`NPTTrainer`: how the grid runs, beyond its shape and mode.
-
-    Given as ``engine=NPTEngineOptions(...)`` or a dict of the same keywords
-    (``engine={"deterministic": False}``); either way
-    ``trainer.set_params(engine__deterministic=False)`` sets one option.
-
-    Parameters
-    ----------
-    share_workers : bool
-        Allow a grid with more cells than workers (cells dealt out
-        round-robin); otherwise such a grid is an error.
-    deterministic : bool
-        Refuse clusters whose workers run more than one thread, whose results
-        could depend on timing.
-    pipeline : {"auto", "fused", "single", "double"}
-        Graph mode only: how each output block's Cannon steps become tasks.
-        ``"double"``: a task per block product in two accumulation chains
-        (the next operands travel while the current product runs);
-        ``"single"``: a task per block product in one chain; ``"fused"``: one
-        task per output block running its products in Cannon order.
-        ``"auto"`` picks by the size of a block product.
-    timeout : float
-        Seconds without progress after which training fails (never hangs).
-    """
-
-    group = "engine"
-
-    def __init__(self, *, share_workers=False, deterministic=True, pipeline: NPTPipeline = "auto", timeout=120.0):
-        self._store(locals())
-
-
-class NPTTrainer(BaseTrainer):
+class NPTTrainer(GridResults, BaseTrainer):
     """Network-parallel training: every matrix product by Cannon's algorithm on a worker grid.
 
     Weights, biases, momentum and activations are cut into blocks that stay on
@@ -170,54 +126,6 @@ class NPTTrainer(BaseTrainer):
     ):
         self._store_params(locals())
 
-    # -- checks ---------------------------------------------------------------------
-    def _check_npt(self) -> dict:
-        from distributed import Client
-
-        grid = parse_grid(self.grid)
-        mode = check_choice("mode", self.mode, MODES)
-        engine = resolve_group(self.engine, NPTEngineOptions)
-        pipeline = check_choice("engine['pipeline']", engine["pipeline"], PIPELINES)
-        for name in ("share_workers", "deterministic"):
-            if not isinstance(engine[name], (bool, np.bool_)):
-                raise invalid(f"engine[{name!r}]", engine[name], "True or False", TypeError)
-        timeout = check_float("engine['timeout']", engine["timeout"], minimum=0.0, min_inclusive=False)
-        if self.client is not None and not isinstance(self.client, Client):
-            raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
-        if mode == "resident" and not resident_available():
-            raise invalid("mode", mode, "'graph' or 'auto' (the resident engine cannot be imported here)")
-        return {
-            "grid": grid,
-            "mode": mode,
-            "share_workers": bool(engine["share_workers"]),
-            "deterministic": bool(engine["deterministic"]),
-            "timeout": timeout,
-            "pipeline": pipeline,
-        }
-
-    def _check_cluster(self, client, npt: dict) -> list[str]:
-        """Worker checks that need the scheduler's view but submit nothing."""
-        from daskann.cluster import worker_addresses, worker_threads
-
-        workers = worker_addresses(client)
-        if not workers:
-            raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
-        if npt["deterministic"]:
-            threads = worker_threads(client)
-            threaded = {w: threads[w] for w in workers if threads.get(w, 1) > 1}
-            if threaded:
-                w, n = next(iter(threaded.items()))
-                raise invalid(
-                    "engine['deterministic']",
-                    True,
-                    f"a cluster whose workers run one thread each (worker {w} runs {n}; "
-                    f"{len(threaded)} of {len(workers)} workers are multi-threaded), "
-                    "or engine={'deterministic': False}",
-                )
-        if npt["grid"] != "auto":
-            ProcessGrid.from_workers(npt["grid"], workers, share_workers=npt["share_workers"])
-        return workers
-
     # -- training ---------------------------------------------------------------------
     def fit(
         self,
@@ -257,16 +165,13 @@ class NPTTrainer(BaseTrainer):
         self
         """
         settings = self._check_settings(eval_every)
-        npt = self._check_npt()
+        npt = check_npt_options(self.grid, self.mode, self.engine, self.client)
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
         ckpt = self._resume_info(resume, settings, data, order) if resume is not None else None
-        from daskann import store
-        from daskann.cluster import current_client, resolve_client
-
         with resolve_client(self.client) as client, current_client(client), self._run_lock():
-            workers = self._check_cluster(client, npt)
+            workers = check_cluster(client, npt)
             # a column band of X per grid column stays on one worker
             bands = min(npt["grid"][1], len(workers)) if npt["grid"] != "auto" else len(workers)
             check_worker_memory(client, data.X.nbytes // max(bands, 1), name="X")
@@ -293,8 +198,6 @@ class NPTTrainer(BaseTrainer):
 
     def _resume_info(self, resume, settings, data, order):
         """The checkpoint to resume from, checked against this training; its arrays stay on disk."""
-        from daskann import store
-
         info = store.checkpoint_info(resume)
         if not store.is_block_store(info.path):
             # written by one process, so small enough to verify here, before any task; the blocks of a
@@ -316,8 +219,6 @@ class NPTTrainer(BaseTrainer):
         """
         if not self.__sklearn_is_fitted__():
             return self._first_partial_fit(X, y, classes, steps, epochs)
-        from daskann.cluster import current_client, resolve_client
-
         self._check_partial_classes(classes)
         settings = self._settings
         if X is not None:
@@ -330,8 +231,6 @@ class NPTTrainer(BaseTrainer):
         history = HistoryRecorder("step")
         history.extend_from(self.history_)
         with resolve_client(self.client) as client, current_client(client), self._run_lock():
-            from daskann.cluster import worker_addresses
-
             alive = worker_addresses(client)
             previous = self._live_grid_state()
             if not set(self.grid_.workers) <= set(alive):
@@ -349,121 +248,12 @@ class NPTTrainer(BaseTrainer):
             self._run(client, start, self.n_steps_ + steps, history)
         return self
 
-    @property
-    def model_(self) -> MLP:
-        """The trained network (numpy arrays), read when first touched.
-
-        From the final checkpoint the grid's cells wrote, else gathered from the grid; until then
-        the client holds no block.
-        """
-        if self.__dict__.get("_model") is None:
-            self._load_final()
-        return self._model
-
-    @model_.setter
-    def model_(self, value) -> None:
-        self._model = value
-
-    @property
-    def velocity_(self) -> list:
-        """SGD velocity per parameter (``model_.params`` order), read with :attr:`model_`."""
-        if self.__dict__.get("_model") is None:
-            self._load_final()
-        return self._velocity
-
-    @velocity_.setter
-    def velocity_(self, value) -> None:
-        self._velocity = value
-
-    def _load_final(self) -> None:
-        from daskann import store
-
-        path = self.__dict__.get("_final_store")
-        if path is not None:
-            ckpt = store.load_checkpoint(path)
-            self._model, self._velocity = ckpt.model, ckpt.velocity
-            return
-        state = self._live_grid_state()
-        if state is None:
-            raise AttributeError(f"{type(self).__name__} has no model_ (not fitted, or its grid is gone)")
-        self._model, self._velocity = self._gather_grid(state)
-
-    def _gather_grid(self, state):
-        """Model and velocity of a grid state, gathered to the client."""
-        return gather_state(state, self.grid_, self._sizes, self._settings)
-
-    def __sklearn_is_fitted__(self) -> bool:
-        return any(self.__dict__.get(name) is not None for name in ("_model", "_final_store")) or (
-            self._live_grid_state() is not None
-        )
-
     def _fitted_output(self) -> str:
         return self._settings["output"]
 
     def _input_layout(self) -> tuple[int, np.dtype]:
         # from the settings: checking X must not load a model the client does not hold
         return self._sizes[0], np.dtype(self._settings["dtype"])
-
-    def _grid_client(self):
-        """The client of the final grid state while its cluster runs, else None."""
-        state = self._live_grid_state()
-        if state is None or self.__dict__.get("_model") is not None:
-            return None
-        return state_client(state)
-
-    def _compute(self, array) -> np.ndarray:
-        client = self._grid_client()
-        return client.compute(array, sync=True) if client is not None else super()._compute(array)
-
-    def _logits(self, X):
-        """Computed on the grid, from :attr:`weights_`, while the client does not hold the model.
-
-        Each layer is ``A @ W + b`` on dask arrays chunked as the grid's blocks; numpy ``X`` is
-        scattered once (not held in the graph), dask-array ``X`` is read where it is and the result
-        stays lazy.
-        """
-        client = self._grid_client()
-        if client is None:
-            return super()._logits(X)
-        return grid_logits(client, X, self.weights_, self.biases_, self._settings)
-
-    @property
-    def weights_(self) -> list:
-        """Trained weight matrices as dask arrays whose chunks are the grid's blocks, where they live.
-
-        Built from the final state's block futures (in resident mode, chunked on the virtual Cannon
-        grid's blocks): nothing moves until computed (on the trainer's client, e.g.
-        ``client.compute(w)``). Once the embedded cluster of ``client=None`` is closed, numpy arrays
-        of :attr:`model_`.
-        """
-        state = self._live_grid_state()
-        if state is None:
-            return super().weights_
-        return state_weights(state)
-
-    @property
-    def biases_(self) -> list:
-        """Trained bias vectors, as :attr:`weights_` (one chunk per grid column, on its column's first cell)."""
-        state = self._live_grid_state()
-        if state is None:
-            return super().biases_
-        return state_biases(state, self._settings["dtype"])
-
-    def __getstate__(self):
-        # the final state's futures belong to one live client: a pickled trainer keeps model_ alone
-        if self.__dict__.get("_model") is None and self.__dict__.get("_final_store") is None:
-            if self._live_grid_state() is not None:
-                self._load_final()
-        state = super().__getstate__()
-        state.pop("_grid_state", None)
-        return state
-
-    def _live_grid_state(self):
-        """The final graph-mode state while its cluster runs (an embedded cluster is closed after ``fit``)."""
-        state = getattr(self, "_grid_state", None)
-        if state is None or not state.futures:
-            return None
-        return state if state_client(state).status == "running" else None
 
     def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
         grid, mode, plan, model = grid_and_mode(client, npt, sizes, settings, resident_available=resident_available())
@@ -473,8 +263,9 @@ class NPTTrainer(BaseTrainer):
     def _run(self, client, begin: RunStart, stop: int, history: HistoryRecorder) -> None:
         """Train steps ``begin.step .. stop - 1`` from the state ``begin``, by the engine of ``mode_``."""
         if self.mode_ == "graph":
-            from daskann.npt._graph_run import run_graph as engine
+            engine = run_graph
         else:
+            # on first use: the resident engine may not be importable here (see resident_available)
             from daskann.npt._resident_run import run_resident as engine
 
         bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=begin.step)
@@ -563,16 +354,9 @@ class NPTTrainer(BaseTrainer):
         self._final_store = path
 
     def _chains(self, sizes) -> int:
-        from daskann.npt.costmodel import pipeline_chains
-
         if self._npt["pipeline"] != "auto":
-            return _CHAINS[self._npt["pipeline"]]
+            return CHAINS[self._npt["pipeline"]]
         return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
-
-    def _keep_if_closing(self) -> None:
-        """Gather a final state held on the grid alone while its cluster runs, if that cluster closes after fit."""
-        if self._final_store is None and self.client is None and self._live_grid_state() is not None:
-            self.model_, self.velocity_ = self._gather_grid(self._grid_state)
 
 
 def _sized(sizes) -> MLP:
