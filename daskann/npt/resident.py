@@ -28,9 +28,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+import dask.array as da
 import numpy as np
+from dask.highlevelgraph import HighLevelGraph
+from distributed import Future
 
 from daskann import config
+from daskann._compat import Task, TaskRef
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import check_float, check_int, invalid
 from daskann.exceptions import LostWorkersError, ResidentError
@@ -124,11 +128,6 @@ class ResidentState:
         ]
 
     def _to_dask(self, tag: str, name: str, keys: dict, bounds):
-        import dask.array as da
-        from dask.highlevelgraph import HighLevelGraph
-
-        from daskann._compat import Task, TaskRef
-
         layout = self.layout
         array = f"{next(iter(self.futures.values())).key}-{tag}-dask-{uuid.uuid4().hex[:6]}"
         dsk = {}
@@ -265,53 +264,21 @@ def train_resident(
 ) -> ResidentResult:
     """Train steps ``start.step .. stop - 1`` with worker-resident Cannon products.
 
-    Parameters
-    ----------
-    client : distributed.Client
-    grid : daskann.npt.grid.ProcessGrid
-        Cells may share workers; cells on one worker run in that worker's task.
-    start : RunStart
-        The state the workers start from: the seeded initialisation (each worker computes its
-        blocks itself, :meth:`Layout.born_blocks`), the :class:`ResidentState` a resident run on the
-        same grid left on its workers (continued there), a checkpoint store of any grid or mode
-        (each worker reads, and verifies, its blocks), or a model and velocity sent from the
-        client (not modified).
-    X, y : ndarray
-        Validated training data (``y`` float 2-d for ``"mse"``, int64 labels
-        for ``"cross_entropy"``); only column bands go to each worker.
-    order : daskann.data.BatchOrder
-        Step ``i`` trains on rows ``order.indices(i)``.
-    settings : dict
-        Validated trainer settings (``loss``, ``lr``, ``momentum``,
-        ``activation``, ``output``, ``negative_slope``, ``dtype``).
-    stop : int
-        Steps done when the run ends, ``start.step <= stop``.
-    run_id : str
-        Prefix of every task key and message namespace of this run.
-    timeout : float
-        Seconds any block may take to arrive before the run fails.
-    eval_fn : callable, optional
-        ``eval_fn(completed_steps) -> bool``; the model at those steps is
-        returned in :attr:`ResidentResult.snapshots`, or with ``validation``
-        evaluated on the grid into :attr:`ResidentResult.evaluations`.
-    validation : (X_val, y_val), optional
-        Validation data (validated as ``X``, ``y``; dask arrays are read on the workers). Each
-        worker gets the blocks of its cells (a band of the rows per grid row, a band of the columns
-        per grid column) and the cells evaluate it by a Cannon forward pass: no weight leaves them.
-    sizes : tuple of int, optional
-        Layer widths (needed without ``start.model``).
-    keep : bool
-        Leave the final state on the workers (:attr:`ResidentResult.state`) instead of gathering it.
-
-    Returns
-    -------
-    ResidentResult
+    ``start`` is any :class:`RunStart`: its :class:`ResidentState` continues on the same grid's workers,
+    a checkpoint store of any grid or mode is read (and verified) block by block by the workers, and a
+    client-side model and velocity are sent (not modified). ``X``, ``y``, ``order``, ``settings``,
+    ``stop``, ``run_id``, ``validation`` and ``sizes`` (needed without ``start.model``) are as the
+    fields of :class:`~daskann.npt._stretch.Stretch`; each worker gets the bands of its cells alone,
+    and cells on one worker run in that worker's task. ``eval_fn(completed_steps) -> bool`` picks the
+    steps whose model the cells evaluate on ``validation`` (no weight leaves them) or, without it,
+    return as :attr:`ResidentResult.snapshots`. ``keep`` leaves the final state on the workers
+    (:attr:`ResidentResult.state`) instead of gathering it.
 
     Raises
     ------
     ResidentError
-        When a worker leaves the cluster, a block does not arrive within
-        ``timeout`` seconds, or a cell fails; never hangs.
+        When a worker leaves the cluster, a block does not arrive within ``timeout`` seconds, or a
+        cell fails; never hangs.
     """
     model, velocity, previous = start.model, start.velocity, start.state
     timeout, first, stop = _check_stretch(timeout, start.step, stop, run_id)
@@ -335,17 +302,8 @@ def train_resident(
     payloads = _payloads(
         layout, model, velocity, X, y, settings["loss"], client=client, namespace=run.namespace, validation=validation
     )
-    if start.born:
-        payloads = _born(payloads, start.seed)
-    elif previous is None and start.path is not None:
-        payloads = ((w, payload | {"source": start.path}) for w, payload in payloads)
-    cells, results = _run_cells(client, run, payloads, previous, keep=keep)
-    result = _assemble(layout, settings, dtype, results, run.eval_steps, first, gather=not keep)
-    if validation is not None:
-        result.evaluations = _evaluations(results, settings["loss"], validation[0].shape[0], sizes[-1])
-    if keep:
-        result.state = ResidentState(layout, dict(zip(layout.workers, cells, strict=True)), dtype)
-    return result
+    cells, results = _run_cells(client, run, _from_start(payloads, start), previous, keep=keep)
+    return _result(run, settings, dtype, results, cells, validation, keep=keep)
 
 
 # -- set-up --------------------------------------------------------------------
@@ -491,6 +449,15 @@ def _cutter(client, worker: str, prefix: str, k: int):
     return cut
 
 
+def _from_start(payloads, start: RunStart):
+    """``payloads`` for the source of ``start``: the seed, a store the workers read, or the blocks they hold."""
+    if start.born:
+        return _born(payloads, start.seed)
+    if start.state is None and start.path is not None:
+        return ((w, payload | {"source": start.path}) for w, payload in payloads)
+    return payloads
+
+
 def _born(payloads, seed: int):
     """``payloads`` without weight blocks: each worker computes the seeded initialisation of its cells."""
     for worker, payload in payloads:
@@ -557,8 +524,6 @@ def _scatter(client, run: ResidentRun, payloads, *, into: dict) -> None:
 
 
 def _holds_futures(payload: dict) -> bool:
-    from distributed import Future
-
     values = [payload["y"], *payload["X"].values(), *payload.get("Xv", {}).values()]
     for name in ("y", "yv"):
         if isinstance(payload.get(name), dict):
@@ -670,6 +635,17 @@ def _cells(layout: Layout, worker: str) -> str:
 
 
 # -- results -------------------------------------------------------------------
+def _result(run: ResidentRun, settings: dict, dtype, results: list[dict], cells, validation, *, keep: bool):
+    """The stretch's :class:`ResidentResult` from every worker's ``results``; with ``keep``, its state on ``cells``."""
+    layout = run.layout
+    result = _assemble(layout, settings, dtype, results, run.eval_steps, run.start, gather=not keep)
+    if validation is not None:
+        result.evaluations = _evaluations(results, settings["loss"], validation[0].shape[0], layout.sizes[-1])
+    if keep:
+        result.state = ResidentState(layout, dict(zip(layout.workers, cells, strict=True)), dtype)
+    return result
+
+
 def _assemble(
     layout: Layout, settings: dict, dtype, results: list[dict], eval_steps, start: int, *, gather: bool
 ) -> ResidentResult:
