@@ -68,6 +68,16 @@ def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=
         ``extras[0]`` and the weights ``extras[1]``.
     extras : tuple of operand specs
     """
+    out, fresh = _accumulate(acc, terms, shape, dtype)
+    if partner is not None:
+        out, fresh = out + partner, True
+    if epilogue is None:
+        return out if fresh else out.copy()
+    return _epilogue(out, fresh, epilogue, extras)
+
+
+def _accumulate(acc, terms, shape, dtype):
+    """``(acc + sum(op(a) @ op(b)), fresh)``: the sum, and whether it is a new array (``acc`` is never modified)."""
     out, fresh = acc, False
     untouched = set()  # windows of a fresh zero block no term has written yet
     for a_spec, trans_a, b_spec, trans_b, window in terms:
@@ -100,10 +110,11 @@ def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=
             untouched.discard(window)
     if out is None:
         out, fresh = np.zeros(shape, dtype=dtype), True
-    if partner is not None:
-        out, fresh = out + partner, True
-    if epilogue is None:
-        return out if fresh else out.copy()
+    return out, fresh
+
+
+def _epilogue(out, fresh: bool, epilogue: tuple, extras):
+    """The epilogue of :func:`block_product` applied to the sum ``out`` (``fresh``: an array of its own)."""
     kind = epilogue[0]
     if kind in ("bias", "bias_mse"):
         bias = operand(extras[0])
