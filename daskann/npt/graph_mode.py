@@ -37,6 +37,7 @@ from daskann.npt._graph import GraphBuilder
 from daskann.npt.cannon import TrafficLedger, add_product
 from daskann.npt.grid import ProcessGrid, split_bounds
 from daskann.npt.matrix import Block, GridMatrix, scatter_to
+from daskann.store import BlockArray, read_region, write_block
 
 # largest weight block (bytes) stored with its velocity under one key in fused mode
 PACK_LIMIT = 64 * 2**10
@@ -284,8 +285,6 @@ class GraphEngine:
 
     def store_layout(self) -> dict:
         """The arrays of a checkpoint of this net (:func:`daskann.store.write_block_group`), cut on the grid."""
-        from daskann.store import BlockArray
-
         layout, name = {}, self.dtype.name
         for layer in range(self.n_layers):
             rows, cols = tuple(self.row_bounds[layer]), tuple(self.col_bounds[layer + 1])
@@ -437,42 +436,19 @@ class GraphEngine:
 
         Two keys per block, so that a weight block borrowed for a product moves without its velocity.
         """
-        s = self.settings
         if self.packed:
-            P = add_product(
-                builder,
-                A_prev,
-                dZ,
-                name=grad_name,
-                trans_a=True,
-                out_rows=W.row_bounds,
-                out_cols=W.col_bounds,
-                chains=self.chains,
-                epilogue=("sgd", s["lr"], s["momentum"]),
-                extras=lambda i, j: [
-                    V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key)),
-                    W.blocks[i][j].spec(builder.ref(W.blocks[i][j].key)),
-                ],
-                ledger=ledger,
-            )
-            return [
-                GridMatrix(
-                    self.grid,
-                    W.shape,
-                    self.dtype,
-                    W.row_bounds,
-                    W.col_bounds,
-                    [
-                        [
-                            self._packed_block(P.blocks[i][j].key, P.blocks[i][j].shape, kind)
-                            for j in range(self.grid.cols)
-                        ]
-                        for i in range(self.grid.rows)
-                    ],
-                )
-                for kind in ("w", "v")
-            ]
-        Vn = add_product(
+            return self._packed_weight_updates(builder, ledger, W, V, A_prev, dZ, grad_name)
+
+        def extras(i, j):
+            return [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key))]
+
+        epilogue = ("velocity", self.settings["momentum"])
+        Vn = self._gradient_product(builder, ledger, W, A_prev, dZ, grad_name, epilogue, extras)
+        return self._stepped_weights(builder, W, Vn, update_name), Vn
+
+    def _gradient_product(self, builder, ledger, W, A_prev, dZ, grad_name: str, epilogue: tuple, extras) -> GridMatrix:
+        """``A_prev.T @ dZ`` on ``W``'s blocks, each block's sum ending in ``epilogue`` over ``extras(i, j)``."""
+        return add_product(
             builder,
             A_prev,
             dZ,
@@ -481,10 +457,40 @@ class GraphEngine:
             out_rows=W.row_bounds,
             out_cols=W.col_bounds,
             chains=self.chains,
-            epilogue=("velocity", s["momentum"]),
-            extras=lambda i, j: [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key))],
+            epilogue=epilogue,
+            extras=extras,
             ledger=ledger,
         )
+
+    def _packed_weight_updates(self, builder, ledger, W, V, A_prev, dZ, grad_name: str) -> list:
+        """``[new weights, new velocity]``, both from one task per block whose epilogue is the whole SGD update."""
+        s = self.settings
+
+        def extras(i, j):
+            return [
+                V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key)),
+                W.blocks[i][j].spec(builder.ref(W.blocks[i][j].key)),
+            ]
+
+        P = self._gradient_product(builder, ledger, W, A_prev, dZ, grad_name, ("sgd", s["lr"], s["momentum"]), extras)
+        return [
+            GridMatrix(
+                self.grid,
+                W.shape,
+                self.dtype,
+                W.row_bounds,
+                W.col_bounds,
+                [
+                    [self._packed_block(P.blocks[i][j].key, P.blocks[i][j].shape, kind) for j in range(self.grid.cols)]
+                    for i in range(self.grid.rows)
+                ],
+            )
+            for kind in ("w", "v")
+        ]
+
+    def _stepped_weights(self, builder, W, Vn, update_name: str) -> GridMatrix:
+        """The weights after the SGD step by velocity ``Vn``: a task per block, on the block's cell."""
+        s = self.settings
         blocks = []
         for i in range(self.grid.rows):
             line = []
@@ -499,7 +505,7 @@ class GraphEngine:
                 )
                 line.append(Block(key, W.blocks[i][j].shape))
             blocks.append(line)
-        return GridMatrix(self.grid, W.shape, self.dtype, W.row_bounds, W.col_bounds, blocks), Vn
+        return GridMatrix(self.grid, W.shape, self.dtype, W.row_bounds, W.col_bounds, blocks)
 
     def _forward(self, builder, ledger, state, data, rows, name, *, with_grad: bool):
         s = self.settings
@@ -707,8 +713,6 @@ def _born_weight(seed: int, layer: int, shape, rows, cols, dtype: str, kind: str
 
 def _stored_weight(path: str, layer: int, rows, cols, kind: str):
     """As :func:`_born_weight`, read from the checkpoint store ``path``."""
-    from daskann.store import read_region
-
     if kind == "v":
         return read_region(path, f"velocity/{2 * layer}", (rows, cols))
     w = read_region(path, f"weights/{layer}", (rows, cols))
@@ -717,8 +721,6 @@ def _stored_weight(path: str, layer: int, rows, cols, kind: str):
 
 def _stored_bias(path: str, layer: int, cols) -> dict:
     """As :func:`_born_bias`, read from the checkpoint store ``path``."""
-    from daskann.store import read_region
-
     return {
         "b": read_region(path, f"biases/{layer}", (cols,)),
         "v": read_region(path, f"velocity/{2 * layer + 1}", (cols,)),
@@ -727,15 +729,11 @@ def _stored_bias(path: str, layer: int, cols) -> dict:
 
 def _save_block(tmp: str, array: str, index: str, region, spec) -> list:
     """Write one weight or velocity block (an operand spec) into the open store ``tmp``."""
-    from daskann.store import write_block
-
     return [(array, index, write_block(tmp, array, region, _kernels.operand(spec)))]
 
 
 def _save_bias(tmp: str, names, j: int, cols, value: dict) -> list:
     """Write a bias block and its velocity (graph mode's ``{"b", "v"}``) into the open store ``tmp``."""
-    from daskann.store import write_block
-
     return [
         (name, str(j), write_block(tmp, name, (cols,), value[part])) for name, part in zip(names, "bv", strict=True)
     ]
