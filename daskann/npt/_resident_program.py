@@ -35,12 +35,14 @@ import math
 import time
 
 import numpy as np
+from distributed import secede
 
 from daskann._heap import heap_for_blocks
 from daskann.nn import MLP, SGD
 from daskann.nn._functional import activate, activation_backward
 from daskann.npt._exchange import Channel
 from daskann.npt._resident_layout import Layout
+from daskann.store import write_block
 
 
 def run_worker(spec: dict, payload: dict, previous: dict | None = None) -> dict:
@@ -49,8 +51,6 @@ def run_worker(spec: dict, payload: dict, previous: dict | None = None) -> dict:
     The cells start from ``previous`` (the result of this worker's task in the stretch before,
     still in its memory) when given, else from what ``payload`` names.
     """
-    from distributed import secede
-
     # leave the thread pool: cells of other runs (or a busy worker) must not wait on us
     secede()
     channel = Channel(spec["namespace"], timeout=spec["timeout"])
@@ -258,41 +258,52 @@ class CellProgram:
         Row-wise softmax pieces are combined across a grid row from each
         block's row maximum ``m`` and ``sum(exp(z - m))``.
         """
-        dtype = self.dtype.type
-        t0 = time.perf_counter()
-        partial = 0.0
-        grads = {}
         if self.loss_name == "mse" and self.output == "linear":
-            scale = dtype(2.0 / self.loss_scale)
-            for cell, z in logits.items():
-                diff = z - self.targets(cell, batch_rows)
-                partial += float(np.sum(diff * diff))
-                grads[cell] = diff * scale
-            self.compute += time.perf_counter() - t0
-            return partial, grads
-        self.compute += time.perf_counter() - t0
+            return self._linear_mse(logits, batch_rows)
         row_max, row_sum = self.row_softmax(step, logits)
-        t0 = time.perf_counter()
         if self.loss_name == "cross_entropy":
-            n_rows = self.layout.batch_size
-            for (i, j), z in logits.items():
-                log_norm = np.log(row_sum[i])
-                shifted = z - row_max[i][:, None]
-                labels = self.targets((i, j), batch_rows)
-                c0, c1 = self.layout.features[-1][j]
-                inside = (labels >= c0) & (labels < c1)
-                hit_rows, hit_cols = np.nonzero(inside)[0], labels[inside] - c0
-                if j == 0:  # each row's log-normaliser counted once
-                    partial += float(np.sum(log_norm))
-                partial -= float(np.sum(shifted[hit_rows, hit_cols]))
-                d = np.exp(shifted - log_norm[:, None])
-                d[hit_rows, hit_cols] -= 1
-                d *= d.dtype.type(1.0 / n_rows)
-                grads[i, j] = d
-            self.compute += time.perf_counter() - t0
-            return partial, grads
-        # mse on softmax outputs: d_logits needs the row sum of d_probs * probs
-        scale = dtype(2.0 / self.loss_scale)
+            return self._cross_entropy(logits, batch_rows, row_max, row_sum)
+        return self._softmax_mse(step, logits, batch_rows, row_max, row_sum)
+
+    def _linear_mse(self, logits: dict, batch_rows: dict):
+        """:meth:`output_loss` of MSE on linear outputs: each cell on its own."""
+        t0 = time.perf_counter()
+        scale = self.dtype.type(2.0 / self.loss_scale)
+        partial, grads = 0.0, {}
+        for cell, z in logits.items():
+            diff = z - self.targets(cell, batch_rows)
+            partial += float(np.sum(diff * diff))
+            grads[cell] = diff * scale
+        self.compute += time.perf_counter() - t0
+        return partial, grads
+
+    def _cross_entropy(self, logits: dict, batch_rows: dict, row_max: dict, row_sum: dict):
+        """:meth:`output_loss` of cross-entropy, from the grid rows' softmax pieces."""
+        t0 = time.perf_counter()
+        n_rows = self.layout.batch_size
+        partial, grads = 0.0, {}
+        for (i, j), z in logits.items():
+            log_norm = np.log(row_sum[i])
+            shifted = z - row_max[i][:, None]
+            labels = self.targets((i, j), batch_rows)
+            c0, c1 = self.layout.features[-1][j]
+            inside = (labels >= c0) & (labels < c1)
+            hit_rows, hit_cols = np.nonzero(inside)[0], labels[inside] - c0
+            if j == 0:  # each row's log-normaliser counted once
+                partial += float(np.sum(log_norm))
+            partial -= float(np.sum(shifted[hit_rows, hit_cols]))
+            d = np.exp(shifted - log_norm[:, None])
+            d[hit_rows, hit_cols] -= 1
+            d *= d.dtype.type(1.0 / n_rows)
+            grads[i, j] = d
+        self.compute += time.perf_counter() - t0
+        return partial, grads
+
+    def _softmax_mse(self, step: int, logits: dict, batch_rows: dict, row_max: dict, row_sum: dict):
+        """:meth:`output_loss` of MSE on softmax outputs: ``d logits`` needs the row sum of ``d probs * probs``."""
+        t0 = time.perf_counter()
+        scale = self.dtype.type(2.0 / self.loss_scale)
+        partial, grads = 0.0, {}
         probs, d_probs, dots = {}, {}, {}
         for (i, j), z in logits.items():
             p = np.exp(z - row_max[i][:, None]) / row_sum[i][:, None]
@@ -627,8 +638,6 @@ def owned_blocks(result: dict, layout: Layout) -> dict:
 
 def save_blocks(result: dict, layout: Layout, tmp: str) -> list:
     """Write this worker's blocks into the open checkpoint store ``tmp``: ``[(array, "i.j", sha256), ...]``."""
-    from daskann.store import write_block
-
     state, out = owned_blocks(result, layout), []
 
     def write(array, index, region, block):
