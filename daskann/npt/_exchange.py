@@ -30,7 +30,7 @@ import uuid
 from collections import OrderedDict
 
 import numpy as np
-from distributed import WorkerPlugin, get_worker
+from distributed import WorkerPlugin, get_worker, secede
 from distributed.protocol import to_serialize
 from distributed.utils import sync
 
@@ -378,8 +378,6 @@ def _latency_pair(client, workers) -> list[str]:
 
 def _ping_pong(namespace: str, role: int, peer: str, sizes, repeats: int, timeout: float) -> dict:
     """Task body: bounce blocks of each size with the peer; role 0 times it."""
-    from distributed import secede
-
     secede()
     channel = Channel(namespace, timeout=timeout)
     times: dict[int, list[float]] = {}

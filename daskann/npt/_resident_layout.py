@@ -22,6 +22,7 @@ import numpy as np
 
 from daskann.nn import init_bias_block, init_weight_block
 from daskann.npt.grid import ProcessGrid, split_bounds
+from daskann.store import BlockArray, read_region
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,6 @@ class Layout:
 
         The store may come from any grid or mode: each block is re-cut from the written blocks it overlaps.
         """
-        from daskann.store import read_region
-
         cells = self.cells_of(worker)
         columns = sorted({j for _, j in cells})
         parts = {"W": {}, "vW": {}, "b": {}, "vb": {}}
@@ -137,8 +136,6 @@ class Layout:
 
     def store_layout(self, dtype) -> dict:
         """The arrays of a checkpoint of this net cut into this layout's blocks (:class:`daskann.store.BlockArray`)."""
-        from daskann.store import BlockArray
-
         layout, name = {}, np.dtype(dtype).name
         for k in range(self.n_layers):
             shape = (self.sizes[k], self.sizes[k + 1])

@@ -36,6 +36,7 @@ import uuid
 from dataclasses import dataclass
 
 import numpy as np
+from distributed import default_client
 
 from daskann._validation import check_int, invalid
 from daskann.npt import _kernels
@@ -259,8 +260,6 @@ def matmul(a, b, *, grid=None, client=None, trans_a: bool = False, trans_b: bool
     >>> c.compute()[0, 0]                                        # doctest: +SKIP
     4.0
     """
-    from distributed import default_client
-
     chains = check_int("chains", chains, minimum=0, maximum=2)
     client = client or default_client()
     returns_dask = _is_dask(a)

@@ -32,6 +32,8 @@ import numpy as np
 
 from daskann._gemm import gemm_call_seconds, gemm_rate
 from daskann._validation import invalid
+from daskann.cluster import worker_addresses
+from daskann.npt._graph import GraphBuilder
 from daskann.npt.grid import split_sizes
 
 #: a block product must last this many dependent-task hops for graph mode to pay
@@ -286,8 +288,6 @@ def choose_grid(
 # -- measuring -----------------------------------------------------------------------
 def measure(client, *, refresh: bool = False) -> CostModel:
     """Measure (or fetch from the cache) the cost model of ``client``'s cluster."""
-    from daskann.cluster import worker_addresses
-
     workers = worker_addresses(client)
     if not workers:
         raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
@@ -327,8 +327,6 @@ def _make(nbytes: int, *deps):
 
 
 def _measure_tasks(client, workers, n_tasks: int = 120, chain: int = 24) -> tuple[float, float]:
-    from daskann.npt._graph import GraphBuilder
-
     name = f"daskann-npt-cost-{uuid.uuid4().hex[:10]}"
     builder = GraphBuilder(client, f"{name}-many")
     keys = [builder.add(f"{name}-many-{k}", _noop, k, owner=workers[k % len(workers)]) for k in range(n_tasks)]
@@ -353,6 +351,7 @@ def _measure_transfers(client, workers, task_latency: float, nbytes: int = 8 * 2
     if len(workers) < 2:
         return task_latency, 1e9
     try:
+        # the resident engine may not be importable here: then the transfers are timed by tasks
         from daskann.npt.resident import exchange_latency
 
         times = exchange_latency(client, sizes=[8192, nbytes], repeats=5, workers=workers[:2])
@@ -360,8 +359,6 @@ def _measure_transfers(client, workers, task_latency: float, nbytes: int = 8 * 2
         return float(small), float(nbytes / max(large - small, 1e-6))
     except ImportError:
         pass
-    from daskann.npt._graph import GraphBuilder
-
     # fall back on tasks: a hop carrying a big block minus a hop carrying nothing
     name = f"daskann-npt-cost-{uuid.uuid4().hex[:10]}"
     builder = GraphBuilder(client, name)

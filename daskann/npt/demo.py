@@ -7,7 +7,9 @@ import time
 import numpy as np
 
 from daskann._cli_common import summarize
+from daskann.cluster import worker_addresses
 from daskann.data import load_dataset
+from daskann.npt.trainer import NPTTrainer, resident_available
 from daskann.serial import SerialTrainer
 
 
@@ -19,9 +21,6 @@ def run_demo(client) -> dict:
     plus the grid, the mode and the largest relative difference of the
     weights from :class:`SerialTrainer` trained the same way.
     """
-    from daskann.cluster import worker_addresses
-    from daskann.npt.trainer import NPTTrainer, resident_available
-
     data = load_dataset("digits", seed=0)
     n_workers = len(worker_addresses(client))
     grid = "1x2" if n_workers >= 2 else "1x1"

@@ -11,9 +11,16 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
+import dask.array as da
 import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from distributed import futures_of
 
+from daskann._compat import Task, TaskRef, parse_input
 from daskann._validation import invalid
+from daskann.npt._graph import GraphBuilder
+from daskann.npt._kernels import operand, view
 from daskann.npt.grid import ProcessGrid, split_bounds
 
 
@@ -147,10 +154,6 @@ class GridMatrix:
     @classmethod
     def from_dask(cls, client, array, grid: ProcessGrid, *, name: str | None = None) -> GridMatrix:
         """Lay a 2-d dask array onto ``grid`` (rechunked to the grid's blocks)."""
-        from dask.base import tokenize
-
-        from daskann.npt._graph import GraphBuilder
-
         if getattr(array, "ndim", None) != 2:
             raise invalid("array", type(array).__name__, "a 2-d dask array")
         rows, cols = cls.layout(grid, array.shape)
@@ -160,7 +163,7 @@ class GridMatrix:
         name = name or f"daskann-npt-{tokenize(source)}-{uuid.uuid4().hex[:8]}"
         builder = GraphBuilder(client, name)
         blocks, keep = [], {}
-        inner = {f.key: f for f in _futures_of(persisted)}
+        inner = {f.key: f for f in futures_of(persisted)}
         for i, (r0, r1) in enumerate(rows):
             line = []
             for j, (c0, c1) in enumerate(cols):
@@ -174,12 +177,6 @@ class GridMatrix:
 
     def to_dask(self):
         """A chunked :class:`dask.array.Array` over the blocks (no data moves)."""
-        import dask.array as da
-        from dask.highlevelgraph import HighLevelGraph
-
-        from daskann._compat import Task, TaskRef, parse_input
-        from daskann.npt._kernels import view
-
         name = f"{self.blocks[0][0].key}-dask-{uuid.uuid4().hex[:6]}"
         dsk = {}
         for i, line in enumerate(self.blocks):
@@ -199,8 +196,6 @@ class GridMatrix:
         """The whole matrix as a numpy array on the client."""
         values = client.gather([self.futures[b.key] for line in self.blocks for b in line])
         out = np.empty(self.shape, dtype=self.dtype)
-        from daskann.npt._kernels import operand
-
         k = 0
         for i, (r0, r1) in enumerate(self.row_bounds):
             for j, (c0, c1) in enumerate(self.col_bounds):
@@ -224,9 +219,3 @@ def scatter_to(client, data: dict, where: dict) -> dict:
 
 def _identity(x):
     return x
-
-
-def _futures_of(collection):
-    from distributed import futures_of
-
-    return futures_of(collection)
