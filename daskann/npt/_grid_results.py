@@ -2,7 +2,8 @@
 
 Both modes leave their final state on the cells (graph mode a ``GridState``, resident mode a
 :class:`~daskann.npt.resident.ResidentState`); these helpers gather it, view its blocks as dask
-arrays and predict from them without moving the model to the client.
+arrays and predict from them without moving the model to the client; :class:`GridResults` gives
+:class:`~daskann.npt.trainer.NPTTrainer` its fitted attributes through them.
 """
 
 from __future__ import annotations
