@@ -126,6 +126,10 @@ class NPTTrainer(GridResults, BaseTrainer):
     ):
         self._store_params(locals())
 
+    def _check_npt(self) -> dict:
+        """The checked ``grid``, ``mode``, ``engine`` and ``client``: the options of an NPT run."""
+        return check_npt_options(self.grid, self.mode, self.engine, self.client)
+
     # -- training ---------------------------------------------------------------------
     def fit(
         self,
@@ -165,7 +169,7 @@ class NPTTrainer(GridResults, BaseTrainer):
         self
         """
         settings = self._check_settings(eval_every)
-        npt = check_npt_options(self.grid, self.mode, self.engine, self.client)
+        npt = self._check_npt()
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
