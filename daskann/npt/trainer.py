@@ -181,16 +181,7 @@ class NPTTrainer(GridResults, BaseTrainer):
             check_worker_memory(client, data.X.nbytes // max(bands, 1), name="X")
             self._settings, self._data, self.batch_order_, self._npt = settings, data, order, npt
             history = HistoryRecorder("step")
-            # the client holds the starting state only when it was given one (init_model); a checkpoint
-            # is read, and the seeded initialisation computed, block by block on the grid's cells
-            if ckpt is not None:
-                start = RunStart(ckpt.step, path=ckpt.path)
-                history.extend_from(previous_history(resume, start.step))
-            elif init_model is not None:
-                model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
-                start = RunStart(0, model, SGD.init_state(model.params))
-            else:
-                start = RunStart(0, seed=settings["seed"])
+            start = self._run_start(ckpt, resume, init_model, history)
             self._sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
             self._check_checkpoint_space(settings, self._sizes, start.step, total)
             self._setup_grid(client, npt, self._sizes, settings)
@@ -199,6 +190,21 @@ class NPTTrainer(GridResults, BaseTrainer):
                 verify_store(client, self.grid_, start.path)
             self._run(client, start, total, history)
         return self
+
+    def _run_start(self, ckpt, resume, init_model: MLP | None, history: HistoryRecorder) -> RunStart:
+        """Where ``fit`` starts: the checkpoint ``ckpt`` (its history into ``history``), ``init_model`` or the seed.
+
+        The client holds the starting state only when it was given one (``init_model``); a checkpoint
+        is read, and the seeded initialisation computed, block by block on the grid's cells.
+        """
+        settings, data = self._settings, self._data
+        if ckpt is not None:
+            history.extend_from(previous_history(resume, ckpt.step))
+            return RunStart(ckpt.step, path=ckpt.path)
+        if init_model is not None:
+            model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
+            return RunStart(0, model, SGD.init_state(model.params))
+        return RunStart(0, seed=settings["seed"])
 
     def _resume_info(self, resume, settings, data, order):
         """The checkpoint to resume from, checked against this training; its arrays stay on disk."""
