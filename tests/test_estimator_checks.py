@@ -19,9 +19,7 @@ from daskann.exceptions import BatchSizeClipped
 # the checks fit on 1 to 300 rows: batch_size is clipped to the smaller ones, as MLPClassifier's
 pytestmark = pytest.mark.filterwarnings(f"ignore::{BatchSizeClipped.__module__}.{BatchSizeClipped.__name__}")
 
-CLASSIFIER = dict(
-    loss="cross_entropy", lr=0.1, batch_size=64, epochs=5, network={"output": "softmax"}, sgd={"momentum": 0.5}
-)
+CLASSIFIER = dict(loss="cross_entropy", lr=0.1, batch_size=64, epochs=5, sgd={"momentum": 0.5})
 # the regressor checks' targets are not scaled (standard deviation 42) in some checks: a small step stays stable
 REGRESSOR = dict(lr=0.01, batch_size=16, epochs=10, sgd={"momentum": 0.5})
 

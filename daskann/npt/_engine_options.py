@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import numpy as np
 from distributed import Client
 
 from daskann._options import OptionGroup, resolve_group
-from daskann._typing import NPTPipeline
+from daskann._typing import NPTMode, NPTPipeline
 from daskann._validation import check_choice, check_float, invalid
 from daskann.npt.grid import parse_grid
 
-MODES = ("auto", "graph", "resident")
-
-PIPELINES = ("auto", "fused", "single", "double")
+MODES = get_args(NPTMode)
+PIPELINES = get_args(NPTPipeline)
 #: accumulation chains per block product of each graph-mode pipeline
 CHAINS = {"fused": 0, "single": 1, "double": 2}
 
