@@ -216,6 +216,7 @@ class SerialTrainer(BaseTrainer):
         backup = [np.empty_like(a) for a in params + velocity]
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
+        checkpointed = self._checkpoint_dir is not None  # resolved once: the loop is the hot path
         t0 = time.perf_counter() - history.last_value("time", default=0.0)
         for step in range(start, stop):
             rows = order.indices(step)
@@ -236,7 +237,7 @@ class SerialTrainer(BaseTrainer):
                 row.update(self._evaluate(model, data.validation, settings["loss"]))
             history.append(done, **row)
             bar.update(done, loss=value)
-            if self._checkpoint_dir is not None and (done == stop or (ckpt_every and done % ckpt_every == 0)):
+            if checkpointed and (done == stop or (ckpt_every and done % ckpt_every == 0)):
                 self._save_checkpoint(
                     model, velocity, done, order, settings, history=history.to_dataset(self._history_attrs(settings))
                 )

@@ -301,7 +301,7 @@ class NPTTrainer(GridResults, BaseTrainer):
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
         steps = range(start + 1, stop + 1)
-        evaluated = data.validation is not None
+        evaluated, checkpointed = data.validation is not None, self._checkpoint_dir is not None
         return Stretch(
             X=data.X,
             y=data.y,
@@ -314,9 +314,7 @@ class NPTTrainer(GridResults, BaseTrainer):
             timeout=self._npt["timeout"],
             eval_steps=frozenset(d for d in steps if evaluated and (d % eval_every == 0 or d == stop)),
             checkpoint_steps=frozenset(
-                d
-                for d in steps
-                if self._checkpoint_dir is not None and (d == stop or (ckpt_every and d % ckpt_every == 0))
+                d for d in steps if checkpointed and (d == stop or (ckpt_every and d % ckpt_every == 0))
             ),
             on_checkpoint=self._block_checkpoint_fn(stop),
             progress=progress,
