@@ -213,7 +213,8 @@ class SerialTrainer(BaseTrainer):
         settings, data, order = self._settings, self._data, self.batch_order_
         optimizer = SGD(settings["lr"], settings["momentum"])
         params = model.params
-        backup = [np.empty_like(a) for a in params + velocity]
+        # the state a step starts from stays untouched until the new one is known to be finite
+        spare = [np.empty_like(a) for a in params], [np.empty_like(v) for v in velocity]
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
         checkpointed = self._checkpoint_dir is not None  # resolved once: the loop is the hot path
@@ -224,13 +225,15 @@ class SerialTrainer(BaseTrainer):
             grads = model.interleave(grad_w, grad_b)
             if not np.isfinite(value) or not all(np.isfinite(g).all() for g in grads):
                 raise TrainingDiverged(step + 1, "the loss or its gradients")
-            for dst, src in zip(backup, params + velocity, strict=True):
-                np.copyto(dst, src)
-            optimizer.step(params, grads, velocity)
-            if not all(np.isfinite(p).all() for p in params):
-                for dst, src in zip(params + velocity, backup, strict=True):
-                    np.copyto(dst, src)
+            new_params, new_velocity = spare
+            for p, g, v, p_new, v_new in zip(params, grads, velocity, new_params, new_velocity, strict=True):
+                optimizer.update_into(p, g, v, p_new, v_new)
+            if not all(np.isfinite(p).all() for p in new_params):
                 raise TrainingDiverged(step + 1, "the weights")
+            spare = params, list(velocity)
+            model.assign_params(new_params)
+            velocity[:] = new_velocity
+            params = new_params
             done = step + 1
             row = {"loss": value, "time": time.perf_counter() - t0}
             if done % eval_every == 0 or done == stop:

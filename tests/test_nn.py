@@ -109,6 +109,32 @@ def test_sgd_follows_pytorch_momentum():
     np.testing.assert_allclose(w, [0.9 - 0.19, 1.9 - 0.19])
 
 
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_sgd_update_into_gives_the_bits_of_update(momentum):
+    rng = np.random.default_rng(0)
+    w, v, g = rng.standard_normal((3, 5, 7))
+    opt = SGD(lr=0.037, momentum=momentum)
+    new_w, new_v = np.empty_like(w), np.empty_like(v)
+    before = w.copy(), v.copy()
+    opt.update_into(w, g, v, new_w, new_v)
+    np.testing.assert_array_equal(w, before[0])  # the state it started from is left alone
+    np.testing.assert_array_equal(v, before[1])
+    opt.update(w, g, v)
+    np.testing.assert_array_equal(new_w, w)
+    np.testing.assert_array_equal(new_v, v)
+
+
+def test_assign_params_swaps_the_arrays_in():
+    net = MLP([4, 3, 2], seed=0)
+    arrays = [p + 1.0 for p in net.params]
+    net.assign_params(arrays)
+    assert all(p is a for p, a in zip(net.params, arrays, strict=True))
+    with pytest.raises(ValueError, match="arrays"):
+        net.assign_params(arrays[:-1])
+    with pytest.raises(ValueError, match="arrays"):
+        net.assign_params([np.zeros((1, 1))] * len(arrays))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "name"),
     [

@@ -120,6 +120,19 @@ def test_divergence_stops_and_keeps_last_finite_state(regression):
     assert trainer.n_steps_ == info.value.step - 1 == trainer.history_.sizes["step"]
 
 
+def test_divergence_keeps_the_exact_state_of_the_last_finite_step(regression):
+    X, y = regression
+    kwargs = {"lr": 1e3, "batch_size": 16, "sgd": {"momentum": 0.9}}
+    diverged = SerialTrainer((16, 16), **kwargs)
+    with pytest.raises(TrainingDiverged) as info:
+        diverged.fit(X, y * 1e3, steps=200)
+    finite = SerialTrainer((16, 16), **kwargs).fit(X, y * 1e3, steps=info.value.step - 1)
+    for kept, reference in zip(
+        diverged.model_.params + diverged.velocity_, finite.model_.params + finite.velocity_, strict=True
+    ):
+        np.testing.assert_array_equal(kept, reference)
+
+
 def test_scikit_learn_parameter_protocol():
     trainer = SerialTrainer((8, 4), lr=0.1)
     params = trainer.get_params()

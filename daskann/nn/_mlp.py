@@ -144,6 +144,16 @@ class MLP:
         """All parameter arrays, weights then biases per layer (not copied)."""
         return self.interleave(self.weights, self.biases)
 
+    def assign_params(self, arrays) -> None:
+        """Make ``arrays``, in :attr:`params` order, the network's parameters (not copied)."""
+        arrays = list(arrays)
+        if len(arrays) != len(self.params) or any(a.shape != p.shape for a, p in zip(arrays, self.params)):
+            raise invalid("arrays", f"{len(arrays)} arrays", f"arrays shaped as params: {[p.shape for p in self.params]}")
+        if self.bias:
+            self.weights[:], self.biases[:] = arrays[0::2], arrays[1::2]
+        else:
+            self.weights[:] = arrays
+
     def interleave(self, weights, biases) -> list:
         """Per-layer ``weights`` and ``biases`` (or their gradients) in :attr:`params` order."""
         if not self.bias:

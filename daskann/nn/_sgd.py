@@ -45,6 +45,23 @@ class SGD:
             velocity[...] = grad
             param -= dtype(self.lr) * grad
 
+    def update_into(self, param, grad, velocity, new_param, new_velocity) -> None:
+        """:meth:`update` with its results written to ``new_param`` and ``new_velocity``.
+
+        The same operations give the same bits, and ``param`` and ``velocity``
+        stay as they were: a training loop that must fall back on the state
+        before a step (when the new one is not finite) swaps two sets of arrays
+        instead of copying its whole state at every step.
+        """
+        dtype = param.dtype.type
+        if self.momentum:
+            np.multiply(velocity, dtype(self.momentum), out=new_velocity)
+            new_velocity += grad
+        else:
+            np.copyto(new_velocity, grad)
+        np.multiply(new_velocity, dtype(self.lr), out=new_param)  # lr * v, then w minus it
+        np.subtract(param, new_param, out=new_param)
+
     def step(self, params, grads, velocities) -> None:
         """Update every parameter array in place."""
         for p, g, v in zip(params, grads, velocities, strict=True):
