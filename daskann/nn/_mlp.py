@@ -146,9 +146,9 @@ class MLP:
 
     def assign_params(self, arrays) -> None:
         """Make ``arrays``, in :attr:`params` order, the network's parameters (not copied)."""
-        arrays = list(arrays)
-        if len(arrays) != len(self.params) or any(a.shape != p.shape for a, p in zip(arrays, self.params)):
-            raise invalid("arrays", f"{len(arrays)} arrays", f"arrays shaped as params: {[p.shape for p in self.params]}")
+        arrays, shapes = list(arrays), [p.shape for p in self.params]
+        if [np.shape(a) for a in arrays] != shapes:
+            raise invalid("arrays", f"{len(arrays)} arrays", f"arrays of the shapes of params: {shapes}")
         if self.bias:
             self.weights[:], self.biases[:] = arrays[0::2], arrays[1::2]
         else:

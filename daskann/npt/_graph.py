@@ -21,7 +21,6 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from daskann import _wire
 from daskann._compat import Task, TaskRef, parse_input
 
-
 #: one count for every task added in this process: earlier tasks take precedence
 _added = itertools.count()
 
