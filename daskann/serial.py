@@ -222,14 +222,16 @@ class SerialTrainer(BaseTrainer):
         for step in range(start, stop):
             rows = order.indices(step)
             value, grad_w, grad_b = model.loss_and_gradients(data.X[rows], data.y[rows], settings["loss"])
-            grads = model.interleave(grad_w, grad_b)
-            if not np.isfinite(value) or not all(np.isfinite(g).all() for g in grads):
+            if not np.isfinite(value):
                 raise TrainingDiverged(step + 1, "the loss or its gradients")
+            grads = model.interleave(grad_w, grad_b)
             new_params, new_velocity = spare
             for p, g, v, p_new, v_new in zip(params, grads, velocity, new_params, new_velocity, strict=True):
                 optimizer.update_into(p, g, v, p_new, v_new)
-            if not all(np.isfinite(p).all() for p in new_params):
-                raise TrainingDiverged(step + 1, "the weights")
+            # a gradient that is not finite makes the weights it updates not finite (lr > 0): the gradients
+            # are looked at only then, to say which it was
+            if not _all_finite(new_params):
+                raise TrainingDiverged(step + 1, "the weights" if _all_finite(grads) else "the loss or its gradients")
             spare = params, list(velocity)
             model.assign_params(new_params)
             velocity[:] = new_velocity
@@ -244,6 +246,10 @@ class SerialTrainer(BaseTrainer):
                 self._save_checkpoint(
                     model, velocity, done, order, settings, history=history.to_dataset(self._history_attrs(settings))
                 )
+
+
+def _all_finite(arrays) -> bool:
+    return all(np.isfinite(a).all() for a in arrays)
 
 
 def _previous_history(resume, upto: int):
