@@ -212,6 +212,11 @@ def test_breakdown_flag_writes_where_each_workers_step_went(client2, tmp_path):
                 assert all(v >= 0 for v in values.values())
                 assert sum(values.values()) == pytest.approx(parts["wall"][k], rel=1e-6, abs=1e-9)
             assert entry["median"][worker]["wall"] == pytest.approx(float(np.median(parts["wall"])))
+    alone = json.loads((tmp_path / "bench-npt.json").read_text())["products_alone"]
+    assert set(alone["per_worker"]) == workers and alone["seconds"] == max(alone["per_worker"].values())
+    assert alone["flops"] == step_product_flops((64, 64, 64), 64)
+    assert alone["hw_efficiency"] == pytest.approx(alone["bound_s"] / alone["seconds"]) and alone["bound_s"] > 0
+    assert "the step's matrix products alone, on 2 workers at once" in out.output
 
 
 def test_breakdown_is_off_by_default():

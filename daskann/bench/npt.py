@@ -241,6 +241,8 @@ class _Sweep:
     probes: list = field(default_factory=list)
     #: per measured row, where each worker's step time went (with ``config.breakdown``)
     breakdowns: list = field(default_factory=list)
+    #: the large net's step products alone on every worker at once (with ``config.breakdown``)
+    products_alone: dict | None = None
 
     @property
     def modes(self) -> list[str]:
@@ -349,7 +351,8 @@ class _Sweep:
 
 def run(client, config: BenchConfig | None = None, *, log=print) -> dict:
     """Run the sweep on ``client``'s cluster; returns ``{"table", "checks", "machine", "config", "plans"}``
-    (with ``config.breakdown`` also ``"breakdown"``, see :mod:`daskann.bench.npt_breakdown`)."""
+    (with ``config.breakdown`` also ``"breakdown"`` and, with the large net, ``"products_alone"``; see
+    :mod:`daskann.bench.npt_breakdown`)."""
     config = config or BenchConfig()
     sweep = _Sweep(client, config, len(worker_addresses(client)), resident_available(), log)
     rates = [gemm_rate(client, config.gemm_size, config.dtype)]
@@ -382,6 +385,11 @@ def run(client, config: BenchConfig | None = None, *, log=print) -> dict:
     }
     if config.breakdown:
         result["breakdown"] = sweep.breakdowns
+        alone = sweep.products_alone
+        if alone is not None:
+            alone["bound_s"] = alone["flops"] / (hardware["cores"] * alone["gemm_rate"])
+            alone["hw_efficiency"] = alone["bound_s"] / alone["seconds"]
+            result["products_alone"] = alone
     return result
 
 
@@ -471,6 +479,10 @@ def _large_net(run: _Sweep, cost) -> None:
     if "auto" in config.modes:
         # always run it: its row is the one held against the hardware's bound
         side_by_side(run.npt(net, "auto", "auto", steps, warm, breakdown=breakdown))
+    if breakdown:
+        # what no engine can beat on these cores, probed as the rows are
+        run.products_alone = npt_breakdown.products_alone(run.client, net.sizes, net.batch, config.dtype)
+        side_by_side(run.products_alone)
 
 
 def _width_sweep(run: _Sweep) -> None:

@@ -9,11 +9,22 @@ blocks in transit while the worker computed nothing) and ``idle`` (the rest:
 waiting for peers or the scheduler, bookkeeping); the four add up to ``wall``.
 Resident rows add ``recv_wait``, the seconds spent waiting in receives (transit
 and waiting for peers together).
+
+It also times the step's matrix products alone (:func:`products_alone`): on
+every worker at once, its share of each product as one plain GEMM, without
+dask, transfers or the elementwise work. That is the fastest any engine could
+run a step on these cores, held against the same bound as the rows.
 """
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
+from threadpoolctl import threadpool_limits
+
+from daskann.cluster import worker_addresses
+from daskann.npt.costmodel import step_products, step_product_flops
 
 #: the parts of a step, in the order the table shows them
 PARTS = ("wall", "compute", "transfer", "serialise", "idle")
@@ -59,4 +70,53 @@ def format_breakdown(entries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["PARTS", "collect", "format_breakdown"]
+def products_alone(client, sizes, batch: int, dtype: str = "float64", repeats: int = 2) -> dict:
+    """Seconds of one step's matrix products alone, every worker running its share at the same time.
+
+    Each of the ``p`` workers multiplies, for every product ``(m, k, n)`` of a
+    step (:func:`daskann.npt.costmodel.step_products`), an ``m x k`` by a
+    ``k x n/p`` matrix on one BLAS thread; ``seconds`` is the slowest worker's
+    time (the fastest of ``repeats``), as a step waits for its slowest cell.
+    """
+    workers = worker_addresses(client)
+    parts = max(len(workers), 1)
+    times = client.run(_share_of_step, list(sizes), batch, parts, dtype, repeats, workers=workers)
+    flops = step_product_flops(sizes, batch)
+    seconds = max(times.values())
+    return {
+        "workers": parts,
+        "seconds": float(seconds),
+        "per_worker": {w: float(t) for w, t in times.items()},
+        "flops": flops,
+        "rate_per_core": flops / parts / seconds,
+    }
+
+
+def _share_of_step(sizes, batch: int, parts: int, dtype: str, repeats: int) -> float:
+    """Seconds of this worker's share of one step's products: the fastest of ``repeats`` (runs on a worker)."""
+    rng = np.random.default_rng(0)
+    operands = []
+    for m, k, n in step_products(sizes, batch):
+        share = -(-n // parts)
+        operands.append((rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, share)).astype(dtype)))
+    best = float("inf")
+    with threadpool_limits(1):
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for a, b in operands:
+                a @ b
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def format_products_alone(alone: dict) -> str:
+    """One line: the step's products alone against the bound."""
+    return (
+        f"the step's matrix products alone, on {alone['workers']} workers at once (plain GEMMs: no dask, no "
+        f"transfers, no elementwise work): {alone['seconds']:.3g} s per step, "
+        f"{alone['rate_per_core'] / 1e9:.3g} GFLOP/s per core, {alone['hw_efficiency']:.3f} of the bound "
+        f"({alone['bound_s']:.3g} s at {alone['gemm_rate'] / 1e9:.3g} GFLOP/s per core probed beside it)"
+    )
+
+
+__all__ = ["PARTS", "collect", "format_breakdown", "format_products_alone", "products_alone"]

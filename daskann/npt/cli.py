@@ -253,4 +253,6 @@ def bench_command(output, quick, as_json, **opts):
     click.echo(npt_checks.format_checks(result["checks"]))
     if "breakdown" in result:
         click.echo(npt_breakdown.format_breakdown(result["breakdown"]))
+    if "products_alone" in result:
+        click.echo(npt_breakdown.format_products_alone(result["products_alone"]))
     click.echo("wrote " + ", ".join(str(p) for p in paths.values()))

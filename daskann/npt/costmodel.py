@@ -105,7 +105,7 @@ class CostModel:
         cells = rows * cols
         workers = min(cells, n_workers or self.n_workers)
         cells_per_worker = math.ceil(cells / workers)
-        products = _products(sizes, batch_size)
+        products = step_products(sizes, batch_size)
         n_layers = len(sizes) - 1
         # the busiest worker's arithmetic, all its workers multiplying at once
         compute = sum(2.0 * m * k * n for m, k, n in products) * cells_per_worker / cells / self.rate(workers)
@@ -151,7 +151,7 @@ class CostModel:
         rows, cols = grid_shape
         workers = min(rows * cols, self.n_workers)
         steps = _segments(rows, cols)
-        largest = max(2.0 * m * k * n for m, k, n in _products(sizes, batch_size))
+        largest = max(2.0 * m * k * n for m, k, n in step_products(sizes, batch_size))
         return largest / (rows * cols * steps) / self.rate(workers) + self.gemm_overhead
 
     def choose_mode(
@@ -220,14 +220,14 @@ TASK_PER_PRODUCT_MIN_FLOPS = 5e7
 def pipeline_chains(sizes, batch_size: int, grid_shape) -> int:
     """Graph mode's tasks per output block: 2 (double-buffered), 1 (one chain) or 0 (fused)."""
     rows, cols = grid_shape
-    largest = max(2.0 * m * k * n for m, k, n in _products(sizes, batch_size))
+    largest = max(2.0 * m * k * n for m, k, n in step_products(sizes, batch_size))
     block = largest / (rows * cols * _segments(rows, cols))
     if block >= DOUBLE_BUFFER_MIN_FLOPS:
         return 2
     return 1 if block >= TASK_PER_PRODUCT_MIN_FLOPS else 0
 
 
-def _products(sizes, batch_size: int) -> list[tuple[int, int, int]]:
+def step_products(sizes, batch_size: int) -> list[tuple[int, int, int]]:
     """``(m, k, n)`` of every matrix product of one training step."""
     out = []
     for layer, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
@@ -242,11 +242,11 @@ def step_product_flops(sizes, batch_size: int) -> float:
     """Flops of the matrix products NPT runs in one training step.
 
     Forward, weight gradient and input gradient per layer, but for the first
-    layer's input gradient, which nothing needs (see :func:`_products`). The
+    layer's input gradient, which nothing needs (see :func:`step_products`). The
     planner's :func:`daskann.plan._model.serial_step_flops` counts that one too,
     as :class:`daskann.SerialTrainer` computes it.
     """
-    return float(sum(2.0 * m * k * n for m, k, n in _products(sizes, batch_size)))
+    return float(sum(2.0 * m * k * n for m, k, n in step_products(sizes, batch_size)))
 
 
 def _segments(rows: int, cols: int) -> int:
