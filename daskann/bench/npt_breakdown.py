@@ -24,7 +24,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from daskann.cluster import worker_addresses
-from daskann.npt.costmodel import step_products, step_product_flops
+from daskann.npt.costmodel import step_product_flops, step_products
 
 #: the parts of a step, in the order the table shows them
 PARTS = ("wall", "compute", "transfer", "serialise", "idle")

@@ -219,7 +219,8 @@ def _clean(value):
     "--breakdown",
     is_flag=True,
     help="Per step and worker of the large net's NPT rows: compute, transfer, serialisation and idle seconds "
-    "(the JSON's 'breakdown' and a table).",
+    "(the JSON's 'breakdown' and a table), and the step's matrix products alone on every worker at once "
+    "(the JSON's 'products_alone').",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @cli_errors
