@@ -201,3 +201,22 @@ def run_notebook(path, timeout: int = 600, cwd=None):
     ).execute()
     assert path.read_bytes() == committed, f"executing {path.name} changed the committed file"
     return nb
+
+
+@pytest.fixture
+def released_heap():
+    """This process's heap settings as the worker's own, before and after the test (no release pending)."""
+    import daskann._heap as heap
+
+    def release():
+        if heap._release_timer is not None:
+            heap._release_timer.cancel()
+        libc = heap._glibc()
+        if heap._kept and libc is not None:
+            heap._idle_since = float("-inf")
+            heap._release(libc)
+        heap._release_timer = None
+
+    release()
+    yield heap
+    release()

@@ -176,25 +176,6 @@ def test_an_inprocess_solve_touches_fewer_slots_than_a_dask_run(cf_iter, cycle):
 # -- the workers' heap ---------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def released_heap():
-    """This process's heap settings as the worker's own, before and after the test (no release pending)."""
-    import daskann._heap as heap
-
-    def release():
-        if heap._release_timer is not None:
-            heap._release_timer.cancel()
-        libc = heap._glibc()
-        if heap._kept and libc is not None:
-            heap._idle_since = float("-inf")
-            heap._release(libc)
-        heap._release_timer = None
-
-    release()
-    yield heap
-    release()
-
-
 def test_heap_scope_with_and_without_the_nannys_trim_setting(monkeypatch, released_heap):
     heap_for_blocks = released_heap.heap_for_blocks
 

@@ -133,6 +133,25 @@ def test_divergence_keeps_the_exact_state_of_the_last_finite_step(regression):
         np.testing.assert_array_equal(kept, reference)
 
 
+def test_training_keeps_the_heap_while_it_runs(monkeypatch, released_heap, regression):
+    """In a nanny-started worker (``MALLOC_TRIM_THRESHOLD_`` set) the steps run with the heap kept
+    (:mod:`daskann._heap`), as a partition sub-model or dask-ml's Incremental trains there."""
+    if released_heap._glibc() is None or not sys.platform.startswith("linux"):
+        pytest.skip("glibc's malloc only")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    seen = []
+    steps = SerialTrainer._steps
+
+    def watched(self, *args):
+        seen.append((released_heap._kept, released_heap._users))
+        return steps(self, *args)
+
+    monkeypatch.setattr(SerialTrainer, "_steps", watched)
+    X, y = regression
+    SerialTrainer((8,), batch_size=16).fit(X, y, steps=3)
+    assert seen == [(True, 1)]
+
+
 def test_scikit_learn_parameter_protocol():
     trainer = SerialTrainer((8, 4), lr=0.1)
     params = trainer.get_params()

@@ -24,7 +24,6 @@ from distributed import get_worker
 
 from daskann import config, store
 from daskann._base import constructor_arguments
-from daskann._heap import keeps_heap
 from daskann.cluster import worker_addresses
 from daskann.nn import MLP
 from daskann.serial import SerialTrainer
@@ -121,14 +120,8 @@ def submodel_dir(run_dir, index: int) -> Path:
     return Path(run_dir) / "partition" / f"submodel-{index}"
 
 
-@keeps_heap
 def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
     """Train one sub-model with the serial trainer (runs as a Dask task).
-
-    The worker's heap is kept while it runs (:func:`daskann._heap.keeps_heap`): in
-    a nanny-started worker every array above 128 KiB would otherwise be mapped
-    afresh at each step, which made a sub-model of the paper's 430k-parameter
-    network train 1.5 times slower than the same fit in the client.
 
     With a run folder, checkpoints go to the sub-model's own folder, and a
     checkpoint already there is resumed: the trainer clears the folder before

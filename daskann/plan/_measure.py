@@ -17,7 +17,6 @@ import numpy as np
 import zarr
 
 from daskann._gemm import gemm_call_seconds, gemm_rate
-from daskann._heap import keeps_heap
 from daskann._validation import invalid
 from daskann.cluster import worker_addresses
 from daskann.mgrit import MGRITTrainer
@@ -63,7 +62,6 @@ def _small_costs(repeats: int = 300, blocks: int = 7) -> tuple[float, float]:
     return gemm, max(step - n_products * gemm, 0.0) / (len(sizes) - 1)
 
 
-@keeps_heap  # as the sub-model tasks whose steps it predicts
 def _trainer_costs(
     flop_rate: float, gemm: float, layer: float, sizes=(64, 64, 64), batch_size: int = 64, *, repeats: int = 5
 ) -> tuple:
