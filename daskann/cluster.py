@@ -315,6 +315,32 @@ def _private_dir(path, name: str = "shared_temp_directory") -> str:
     return str(folder)
 
 
+def check_shared_directory(path, name: str = "shared_directory") -> Path:
+    """An existing, writable folder that every node sees, as an absolute path (``~`` and ``$VARS`` expanded)."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise invalid(name, path, "a path to an existing folder that every node sees", TypeError)
+    folder = Path(os.path.expandvars(str(path))).expanduser().absolute()
+    if not folder.is_dir():
+        raise invalid(name, str(folder), "an existing folder that every node sees (create it first)", FileNotFoundError)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise invalid(name, str(folder), "a folder this user can write to", PermissionError)
+    return folder
+
+
+def shared_directory(c: Client | None = None) -> Path | None:
+    """The folder every node of ``c``'s cluster sees, or ``None`` where none is set.
+
+    A profile's ``shared_directory`` for the clients :func:`client` starts from it,
+    else the setting ``daskann.cluster.shared-directory``. Methods keep there what
+    workers on other nodes must read (MGRIT's trajectories when no store is given).
+    """
+    folder = getattr(c, "_daskann_shared_directory", None)
+    if folder is not None:
+        return folder
+    setting = config.get("cluster.shared-directory")
+    return None if setting is None else check_shared_directory(setting, "daskann.cluster.shared-directory")
+
+
 def _check_dashboard(address) -> None:
     host = str(address or "").rpartition(":")[0].strip("[]")
     if address is not None and host in ("", "0.0.0.0", "::"):
@@ -679,6 +705,7 @@ __all__ = [
     "available_profiles",
     "blas_info",
     "check_address",
+    "check_shared_directory",
     "check_worker_memory",
     "client",
     "close",
@@ -688,6 +715,7 @@ __all__ = [
     "local_cluster",
     "log_dashboard",
     "resolve_client",
+    "shared_directory",
     "worker_addresses",
     "worker_threads",
 ]
