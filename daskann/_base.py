@@ -396,6 +396,12 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
         """``batch_size`` and ``shuffle``: an integer and a flag (serial training also takes more)."""
         return {"batch_size": check_int("batch_size", self.batch_size), "shuffle": bool(shuffle)}
 
+    def _client(self):
+        """The fit's client (:func:`daskann.cluster.resolve_client`), reporting queued jobs if ``verbose``."""
+        from daskann.cluster import resolve_client  # parallel trainers only: SerialTrainer needs no distributed
+
+        return resolve_client(self.client, verbose=bool(self.verbose))
+
     def _run_lock(self):
         """Exclusive claim on the checkpoint folder for the length of a fit (a no-op without one)."""
         if self._checkpoint_dir is None:

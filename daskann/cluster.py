@@ -21,7 +21,11 @@ import contextlib
 import ipaddress
 import logging
 import os
+import shutil
 import stat
+import subprocess
+import sys
+import tempfile
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -34,7 +38,7 @@ from distributed import Client, LocalCluster, default_client, get_worker
 from distributed.security import Security
 from threadpoolctl import threadpool_info
 
-from daskann import config
+from daskann import _batch, config
 from daskann._compat import set_current_client
 from daskann._validation import check_float, check_int, invalid
 
@@ -56,8 +60,16 @@ WORKER_ENVIRON = {**BLAS_ONE_THREAD, "MALLOC_ARENA_MAX": "1"}
 PROFILE_DIR = resources.files("daskann") / "profiles"
 JOBQUEUE_CLASSES = {"slurm": "SLURMCluster", "pbs": "PBSCluster"}
 # "plan" holds typical values for `daskann plan` (daskann.plan), not read here
-PROFILE_KEYS = ("kind", "cluster", "scale", "security", "description", "plan")
+PROFILE_KEYS = ("kind", "cluster", "scale", "security", "shared_directory", "description", "plan")
 SCALE_KEYS = ("jobs", "n", "cores", "memory")
+#: words of sbatch's refusals, and the profile key (a SLURMCluster argument) that sets what it refused
+SBATCH_REFUSALS = {
+    "partition": "queue",
+    "account": "account",
+    "qos": "job_extra_directives",
+    "memory": "memory",
+    "node configuration": "cores",
+}
 #: the scheduler of a profile serves its dashboard on loopback only (reach it by SSH tunnel)
 DEFAULT_SCHEDULER_OPTIONS = {"dashboard_address": "127.0.0.1:8787"}
 
@@ -261,8 +273,9 @@ def load_profile(profile: str | os.PathLike) -> dict:
 
         kind: slurm            # or pbs
         security: true         # TLS with a temporary certificate (default: false)
+        shared_directory: /shared/me/daskann   # a folder every node sees (optional)
         cluster: {...}         # keyword arguments of SLURMCluster / PBSCluster
-        scale: {jobs: 2}       # arguments of cluster.scale()
+        scale: {jobs: 2}       # the jobs (or workers, cores, memory) the cluster keeps
 
     Parameters
     ----------
@@ -274,7 +287,8 @@ def load_profile(profile: str | os.PathLike) -> dict:
     Returns
     -------
     dict
-        ``kind``, ``cluster``, ``scale``, ``security`` and ``path``.
+        ``kind``, ``cluster``, ``scale``, ``security``, ``shared_directory`` (a checked
+        :class:`~pathlib.Path` or None) and ``path``.
     """
     path = _profile_path(profile)
     try:
@@ -299,7 +313,61 @@ def load_profile(profile: str | os.PathLike) -> dict:
     security = spec.get("security", False)
     if not isinstance(security, bool):
         raise invalid(f"security in {path}", security, "true or false")
-    return {"kind": kind, "cluster": dict(cluster), "scale": dict(scale), "security": security, "path": path}
+    shared = spec.get("shared_directory")
+    shared = None if shared is None else check_shared_directory(shared, f"shared_directory in {path}")
+    _check_lifetime(cluster, path)
+    return {
+        "kind": kind,
+        "cluster": dict(cluster),
+        "scale": dict(scale),
+        "security": security,
+        "shared_directory": shared,
+        "path": path,
+    }
+
+
+def _check_lifetime(cluster: Mapping, where) -> None:
+    """Refuse a worker ``--lifetime`` that is not shorter than the jobs' ``walltime``: the job would die first."""
+    args = [str(a) for a in cluster.get("worker_extra_args") or []]
+    lifetime = None
+    for i, arg in enumerate(args):
+        if arg == "--lifetime" and i + 1 < len(args):
+            lifetime = args[i + 1]
+        elif arg.startswith("--lifetime="):
+            lifetime = arg.partition("=")[2]
+    walltime = cluster.get("walltime")
+    if lifetime is None or walltime is None:
+        return
+    try:
+        life_s = float(dask.utils.parse_timedelta(lifetime, default="seconds"))
+    except (KeyError, TypeError, ValueError):
+        raise invalid(f"--lifetime in {where}", lifetime, "a duration such as '55m' or '3300s'") from None
+    wall_s = walltime_seconds(walltime, name=f"walltime in {where}")
+    if life_s >= wall_s:
+        raise invalid(
+            f"--lifetime in {where}",
+            lifetime,
+            f"shorter than the walltime {walltime!r} ({wall_s:g} s), so that workers retire before the batch "
+            "system kills their jobs (a few minutes less, with --lifetime-stagger)",
+        )
+
+
+def walltime_seconds(walltime, *, name: str = "walltime") -> float:
+    """Seconds of a batch walltime: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM`` or ``D-HH:MM:SS``."""
+    text = str(walltime).strip()
+    days, _, clock = text.rpartition("-")
+    try:
+        parts = [float(p) for p in clock.split(":")]
+        day_s = 86400 * float(days) if days else 0.0
+    except ValueError:
+        parts = None
+    if not parts or len(parts) > 3 or any(p < 0 for p in parts):
+        raise invalid(name, walltime, "a walltime such as '01:00:00', '90' (minutes) or '1-12:00:00'")
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        parts += [0.0] * (3 - len(parts))
+        return day_s + 3600 * parts[0] + 60 * parts[1] + parts[2]
+    weights = {1: (60,), 2: (60, 1), 3: (3600, 60, 1)}[len(parts)]
+    return float(sum(w * p for w, p in zip(weights, parts, strict=True)))
 
 
 def _private_dir(path, name: str = "shared_temp_directory") -> str:
@@ -330,11 +398,12 @@ def check_shared_directory(path, name: str = "shared_directory") -> Path:
 def shared_directory(c: Client | None = None) -> Path | None:
     """The folder every node of ``c``'s cluster sees, or ``None`` where none is set.
 
-    A profile's ``shared_directory`` for the clients :func:`client` starts from it,
-    else the setting ``daskann.cluster.shared-directory``. Methods keep there what
-    workers on other nodes must read (MGRIT's trajectories when no store is given).
+    A profile's ``shared_directory`` for a client of a cluster started from it
+    (:func:`client` or :func:`jobqueue_cluster`), else the setting
+    ``daskann.cluster.shared-directory``. Methods keep there what workers on other
+    nodes must read (MGRIT's trajectories when no store is given).
     """
-    folder = getattr(c, "_daskann_shared_directory", None)
+    folder = getattr(getattr(c, "cluster", None), "_daskann_shared_directory", None)
     if folder is not None:
         return folder
     setting = config.get("cluster.shared-directory")
@@ -391,10 +460,38 @@ def jobqueue_cluster(profile: str | os.PathLike, *, security: Security | bool | 
     }
     _check_dashboard(scheduler_options.get("dashboard_address"))
     options["scheduler_options"] = scheduler_options
-    _set_security(options, security, spec["security"])
+    shared = spec["shared_directory"] or shared_directory()
+    _set_security(options, security, spec["security"], shared)
     options["job_script_prologue"] = _job_prologue(options.pop("job_script_prologue", None) or [])
     cls = getattr(dask_jobqueue, JOBQUEUE_CLASSES[spec["kind"]])
-    return cls(**options), spec["scale"]
+    cluster = cls(**options)
+    cluster._daskann_shared_directory = spec["shared_directory"]
+    cluster._daskann_profile = spec
+    return cluster, spec["scale"]
+
+
+def check_submission(cluster) -> None:
+    """Ask SLURM whether it would take the profile's job (``sbatch --test-only``), before any job is queued.
+
+    An unknown partition or account otherwise fails in the background, job after job, while the run
+    waits for workers that never come. Other batch systems have no dry run: their jobs are not checked.
+    """
+    spec = getattr(cluster, "_daskann_profile", None)
+    if spec is None or spec["kind"] != "slurm" or shutil.which("sbatch") is None:
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".sh", prefix="daskann-check-") as script:
+        script.write(cluster.job_script())
+        script.flush()
+        done = subprocess.run(["sbatch", "--test-only", script.name], capture_output=True, text=True, timeout=60)
+    if done.returncode == 0:
+        return
+    message = next((line for line in done.stderr.splitlines() if "error" in line.lower()), done.stderr.strip())
+    lowered = message.lower()
+    key = next((k for word, k in SBATCH_REFUSALS.items() if word in lowered), "cluster")
+    value = spec["cluster"].get(key) if key != "cluster" else None
+    raise invalid(
+        f"{key} in {spec['path']}", value, f"a job sbatch accepts (sbatch --test-only said: {message.strip()})"
+    )
 
 
 def _check_one_thread_per_process(options: dict, where) -> None:
@@ -409,16 +506,19 @@ def _check_one_thread_per_process(options: dict, where) -> None:
         )
 
 
-def _set_security(options: dict, security, profile_security: bool) -> None:
-    """TLS options of a jobqueue cluster: ``security`` (else the options', else the profile's) and its key folder."""
+def _set_security(options: dict, security, profile_security: bool, shared: Path | None = None) -> None:
+    """TLS options of a jobqueue cluster: ``security`` (else the options', else the profile's) and its key folder.
+
+    The keys go to the cluster's ``shared_temp_directory``, else a private folder in the
+    ``shared`` directory, else ``daskann.cluster.tls-directory``.
+    """
     if security is None:
         security = options.pop("security", None) or profile_security or None
     else:
         options.pop("security", None)
     if security:
-        options["shared_temp_directory"] = _private_dir(
-            options.get("shared_temp_directory") or config.get("cluster.tls-directory")
-        )
+        default = shared / "daskann-tls" if shared is not None else config.get("cluster.tls-directory")
+        options["shared_temp_directory"] = _private_dir(options.get("shared_temp_directory") or default)
         options["security"] = security
     elif "shared_temp_directory" in options:
         options["shared_temp_directory"] = str(Path(os.path.expandvars(options["shared_temp_directory"])).expanduser())
@@ -513,25 +613,69 @@ def _connect(address: str, *, security, insecure: bool, timeout: float) -> Clien
 
 
 def _start_cluster(profile, n_workers, threads_per_worker: int, security, dashboard: bool, timeout: float) -> Client:
-    """A client of a cluster it starts (a profile's, else an embedded one); :func:`close` closes both."""
-    if profile is not None:
-        cluster, scale = jobqueue_cluster(profile, security=security)
-        if n_workers is not None:
-            scale = {"jobs": check_int("n_workers", n_workers)}
-    else:
+    """A client of a cluster it starts (a profile's, else an embedded one); :func:`close` closes both.
+
+    A profile's cluster keeps its jobs (:func:`keep_jobs`) and the client is returned once its
+    workers are connected, waiting up to ``daskann.cluster.worker-wait`` for queued jobs.
+    """
+    if profile is None:
         cluster = local_cluster(
             n_workers, threads_per_worker=threads_per_worker, dashboard=dashboard, security=security
         )
-        scale = None
+        try:
+            c = Client(cluster, timeout=timeout)
+        except BaseException:
+            cluster.close()
+            raise
+        c._daskann_owns_cluster = True
+        return c
+    cluster, scale = jobqueue_cluster(profile, security=security)
+    if n_workers is not None:
+        scale = {"jobs": check_int("n_workers", n_workers)}
+    c = None
     try:
-        if scale:
-            cluster.scale(**scale)
+        check_submission(cluster)
+        keep_jobs(cluster, scale)
         c = Client(cluster, timeout=timeout)
+        c._daskann_owns_cluster = True
+        if scale:  # a profile that asks for no jobs has no workers to wait for
+            _batch.wait_for_workers(c, report=_report_to_stderr)
     except BaseException:
-        cluster.close()
+        if c is not None:
+            close(c)
+        else:
+            cluster.close()
         raise
-    c._daskann_owns_cluster = True
     return c
+
+
+def keep_jobs(cluster, scale: Mapping | None) -> None:
+    """Keep a jobqueue cluster at the size ``scale`` names for its whole life, replacing jobs that end.
+
+    ``scale`` is a profile's: ``{"jobs": n}``, ``{"n": workers}``, ``{"cores": c}`` or
+    ``{"memory": "64GB"}``. A job ends whole on a batch system (walltime, ``scancel``, a failed
+    node) and a fixed ``cluster.scale`` does not replace workers that retired at ``--lifetime``:
+    dask-jobqueue's ``adapt`` with equal bounds submits a new job for each one that ends.
+    """
+    scale = dict(scale or {})
+    if not scale:
+        return
+    bounds = {
+        "jobs": ("minimum_jobs", "maximum_jobs"),
+        "n": ("minimum", "maximum"),
+        "cores": ("minimum_cores", "maximum_cores"),
+        "memory": ("minimum_memory", "maximum_memory"),
+    }
+    (key, value), *rest = scale.items()
+    if rest or key not in bounds:
+        raise invalid("scale", scale, "one of " + ", ".join(f"{{{k}: ...}}" for k in bounds))
+    low, high = bounds[key]
+    cluster.scale(**scale)  # submits the jobs now; adapt keeps their number from then on
+    cluster.adapt(**{low: value, high: value})
+
+
+def _report_to_stderr(line: str) -> None:
+    print(f"daskann: waiting for workers: {line}", file=sys.stderr, flush=True)
 
 
 def log_dashboard(c: Client, level: int = logging.INFO) -> str | None:
@@ -559,22 +703,22 @@ def close(c: Client) -> None:
 
 
 @contextlib.contextmanager
-def resolve_client(c: Client | None = None, *, n_workers: int | None = None):
+def resolve_client(c: Client | None = None, *, n_workers: int | None = None, verbose: bool = False):
     """The given client, the current default one, or a temporary embedded cluster.
 
     Trainers use this for ``client=None``: the embedded cluster is closed on
-    exit. The dashboard link is logged as the run starts.
+    exit. The dashboard link is logged as the run starts. A batch cluster whose
+    worker jobs are still queued is waited for (``daskann.cluster.worker-wait``),
+    reporting the jobs on stderr when ``verbose``.
     """
-    if c is not None:
-        if not isinstance(c, Client):
-            raise invalid("client", type(c).__name__, "a distributed.Client or None", TypeError)
-        log_dashboard(c, logging.INFO)
-        yield c
-        return
-    current = current_sync_client()
-    if current is not None:
-        log_dashboard(current, logging.INFO)
-        yield current
+    if c is not None and not isinstance(c, Client):
+        raise invalid("client", type(c).__name__, "a distributed.Client or None", TypeError)
+    given = c if c is not None else current_sync_client()
+    if given is not None:
+        log_dashboard(given, logging.INFO)
+        if _batch.is_batch_cluster(getattr(given, "cluster", None)) and _batch.pending(given):
+            _batch.wait_for_workers(given, report=_report_to_stderr if verbose else None)
+        yield given
         return
     if in_worker_task():
         # a fit inside a task (dask-ml's Incremental, a search) cannot start a cluster in a worker process

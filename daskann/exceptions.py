@@ -26,6 +26,7 @@ __all__ = [
     "SubModelError",
     "TrainingDiverged",
     "WorkerLost",
+    "WorkerWaitTimeout",
 ]
 
 
@@ -211,4 +212,12 @@ class LostWorkersError(DaskannError, RuntimeError):
     cannot restart at all when the state lost was only in the workers' memory; MGRIT gives up on an
     iteration placed or broadcast again too often as workers leave. Resident mode raises it as a
     :class:`ResidentError` too.
+    """
+
+
+class WorkerWaitTimeout(DaskannError, TimeoutError):
+    """The workers a run needs did not connect within ``daskann.cluster.worker-wait``.
+
+    On a batch system their jobs may still be queued: the message lists them with the batch
+    system's reason (``squeue``'s), and names the setting to raise.
     """

@@ -29,6 +29,7 @@ BUILTIN_BASE = {
     "SubModelError": RuntimeError,
     "TrainingDiverged": RuntimeError,
     "WorkerLost": RuntimeError,
+    "WorkerWaitTimeout": TimeoutError,
 }
 
 

@@ -25,7 +25,7 @@ from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, CycleType, Loss, MGRITScheduler
 from daskann._validation import check_choice, invalid
-from daskann.cluster import check_worker_memory, resolve_client
+from daskann.cluster import check_worker_memory
 from daskann.data import BatchOrder
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit import _adapt
@@ -521,7 +521,7 @@ class MGRITTrainer(BaseTrainer):
         if run.scheduler != "distributed":
             result = solver.solve()
         else:
-            with resolve_client(self.client) as client:
+            with self._client() as client:
                 # the propagator, data included, is broadcast to every worker
                 check_worker_memory(client, run.data.X.nbytes + run.data.y.nbytes, name="X")
                 solver.scheduler = client

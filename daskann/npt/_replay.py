@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from daskann import config
+from daskann._batch import wait_for_replacements
 from daskann.cluster import worker_addresses
 from daskann.exceptions import LostWorkersError, WorkerLost
 from daskann.npt._start import RunStart
@@ -69,13 +70,18 @@ class Replays:
                 self.grid = self._regrid()
 
     def _regrid(self) -> ProcessGrid:
-        """The same grid shape on the workers there are now (the nanny usually restarts a lost one)."""
+        """The same grid shape on the workers there are once the lost ones are replaced, or no more are coming.
+
+        A nanny restarts a worker in place within seconds (``daskann.npt.regrid-timeout``); a batch
+        system's replacement job comes from the queue, waited for while the cluster has jobs to come
+        (``daskann.cluster.worker-wait``).
+        """
         client, grid = self.client, self.grid
         try:
-            client.wait_for_workers(
-                len(set(grid.workers)), timeout=min(config.seconds("npt.regrid-timeout"), self.timeout)
+            wait_for_replacements(
+                client, len(set(grid.workers)), grace=min(config.seconds("npt.regrid-timeout"), self.timeout)
             )
-        except (TimeoutError, OSError):
+        except OSError:  # the scheduler itself is gone: the next try says so
             pass
         workers = worker_addresses(client)
         if not workers:

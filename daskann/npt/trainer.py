@@ -10,7 +10,7 @@ from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._history import HistoryRecorder
 from daskann._typing import Activation, Loss, NPTMode
-from daskann.cluster import check_worker_memory, current_client, resolve_client, worker_addresses
+from daskann.cluster import check_worker_memory, current_client, worker_addresses
 from daskann.nn import MLP, SGD
 from daskann.npt._checkpoints import block_checkpoint_writer, previous_history, verify_store
 from daskann.npt._engine_options import CHAINS, NPTEngineOptions, check_npt_options, resident_available
@@ -174,7 +174,7 @@ class NPTTrainer(GridResults, BaseTrainer):
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
         ckpt = self._resume_info(resume, settings, data, order) if resume is not None else None
-        with resolve_client(self.client) as client, current_client(client), self._run_lock():
+        with self._client() as client, current_client(client), self._run_lock():
             workers = check_cluster(client, npt)
             # a column band of X per grid column stays on one worker
             bands = min(npt["grid"][1], len(workers)) if npt["grid"] != "auto" else len(workers)
@@ -240,7 +240,7 @@ class NPTTrainer(GridResults, BaseTrainer):
         steps = self._partial_length(steps, epochs)
         history = HistoryRecorder("step")
         history.extend_from(self.history_)
-        with resolve_client(self.client) as client, current_client(client), self._run_lock():
+        with self._client() as client, current_client(client), self._run_lock():
             alive = worker_addresses(client)
             previous = self._live_grid_state()
             if not set(self.grid_.workers) <= set(alive):

@@ -22,7 +22,7 @@ from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._typing import Activation, Combine, Loss, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
-from daskann.cluster import check_worker_memory, current_client, resolve_client
+from daskann.cluster import check_worker_memory, current_client
 from daskann.exceptions import SubModelError
 from daskann.nn import MLP
 from daskann.partition.diversity import submodel_diversity
@@ -330,7 +330,7 @@ class PartitionTrainer(BaseTrainer):
 
         t_start = time.perf_counter()
         wall_start = time.time()
-        with resolve_client(self.client) as client, self._claim_run_dir(run_dir):
+        with self._client() as client, self._claim_run_dir(run_dir):
             results = self._train_submodels(client, settings, data, partition, sub_total, run_dir)
             t_sub = time.perf_counter()
             self.timings_["submodel"] = t_sub - t_start
@@ -372,7 +372,7 @@ class PartitionTrainer(BaseTrainer):
         )
 
         t_start = time.perf_counter()
-        with resolve_client(self.client) as client, self._claim_run_dir(run_dir):
+        with self._client() as client, self._claim_run_dir(run_dir):
             self._train_submodels(client, settings, data, partition, sub_total, run_dir)
         self.timings_["submodel"] = time.perf_counter() - t_start
         self._measure_diversity(settings, data)
