@@ -60,6 +60,7 @@ class _FitRun:
     prop: SGDPropagator | None = None
     store: Path | None = None
     scratch: bool = False  # the store is the trainer's own, removed once the run converged
+    scratch_dir: Path | None = None  # where the attempts without a store of their own make a temporary one
     reference: np.ndarray | None = None  # serial parameters the error is measured against
     history: HistoryRecorder = field(default_factory=lambda: HistoryRecorder("iteration"))
     bar: ProgressBar | None = None
@@ -165,6 +166,8 @@ class MGRITEngineOptions(OptionGroup):
         folder is set (removed once the run converged), else a temporary
         folder. Fitting again with the same settings and data continues an
         interrupted run from its store; a store of another run is refused.
+        An adapted attempt (``require_convergence=False``) is not resumable:
+        it writes a temporary store of its own inside the run's store.
     intervals_per_task : int or "auto"
         Intervals one task relaxes (``"auto"``: about 32 tasks per sweep).
     timeout : float
@@ -452,6 +455,9 @@ class MGRITTrainer(BaseTrainer):
         run_id = _run_id(run.prop.get_config(), options, u0, run.total - run.done)
         if first:
             run.store, run.scratch = self._store_path(run_id, run.engine["store"])
+            # an adapted attempt is not resumable (its store is not the run's): a temporary store of its own, inside
+            # the run's store when there is one, since that folder is where the workers were told to write
+            run.scratch_dir = run.store
         inprocess = run.scheduler == "inprocess"
         return _adapt.AttemptSolver(
             run.prop,
@@ -474,8 +480,8 @@ class MGRITTrainer(BaseTrainer):
             intervals_per_task=run.engine["intervals_per_task"],
             timeout=run.engine["timeout"],
             run_id=run_id if first else None,
-            # an adapted attempt is not resumable: a temporary store of its own
             store=None if inprocess or not first else run.store,
+            scratch_dir=None if inprocess else run.scratch_dir,
             scheduler=None if inprocess else run.scheduler,
         )
 
