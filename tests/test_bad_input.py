@@ -187,6 +187,26 @@ def _readonly_fit(env):
         folder.chmod(0o700)
 
 
+def _shared_directory_fit(folder):
+    """An MGRIT fit on the cluster without a store, ``daskann.cluster.shared-directory`` naming ``folder(tmp)``."""
+
+    def run(env):
+        with dask.config.set({"daskann.cluster.shared-directory": str(folder(env.tmp))}):
+            _fit(_mgrit(env), env)
+
+    return run
+
+
+def _readonly_shared_fit(env):
+    folder = env.tmp / "readonly-shared"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        _shared_directory_fit(lambda tmp: folder)(env)
+    finally:
+        folder.chmod(0o700)
+
+
 def _readonly_filesystem():
     return None if not os.access("/proc/sys", os.W_OK) and os.path.isdir("/proc/sys") else "no read-only folder"
 
@@ -488,6 +508,29 @@ CASES: list[Case] = [
         ),
         store.StoreError,
         r"store=.*a folder",
+    ),
+    Case(
+        "mgrit-shared-directory-missing",
+        "mgrit",
+        _shared_directory_fit(lambda tmp: tmp / "missing"),
+        FileNotFoundError,
+        r"^daskann\.cluster\.shared-directory='[^\n]*missing' is not valid: expected an existing folder [^\n]*$",
+    ),
+    Case(
+        "mgrit-shared-directory-read-only-chmod",
+        "mgrit",
+        _readonly_shared_fit,
+        PermissionError,
+        r"^daskann\.cluster\.shared-directory='[^\n]*readonly-shared' is not valid: expected a folder this user can",
+        skip=lambda: "chmod does not bind root" if IS_ROOT else None,
+    ),
+    Case(
+        "mgrit-shared-directory-read-only-filesystem",
+        "mgrit",
+        _shared_directory_fit(lambda tmp: Path("/proc/sys")),
+        PermissionError,
+        r"^daskann\.cluster\.shared-directory='/proc/sys' is not valid: expected a folder this user can write to$",
+        skip=_readonly_filesystem,
     ),
     # partition: k, merge, noise
     Case("partition-k-1", "partition", lambda e: _fit(_partition(e, k=1), e), ValueError, r"k=1"),

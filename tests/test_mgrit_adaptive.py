@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -80,6 +81,43 @@ def test_strict_mode_keeps_raising(mlp_case):
     with pytest.raises(MGRITDiverged):
         trainer.fit(X, y, steps=256)
     assert not hasattr(trainer, "model_")
+
+
+def _record_stores(monkeypatch) -> list[Path]:
+    """The paths of the trajectory stores created from now on, in order."""
+    from daskann.mgrit import _store
+
+    created, create = [], _store.create_store
+    monkeypatch.setattr(_store, "create_store", lambda path, **kw: (created.append(Path(path)), create(path, **kw))[1])
+    return created
+
+
+@pytest.mark.parametrize("where", ["store", "checkpoint"])
+def test_adapted_attempts_write_in_the_given_folder(where, mlp_case, client2, tmp_path, monkeypatch):
+    """Workers on other machines cannot see a temporary folder of this one: every attempt writes where it was told."""
+    from daskann.mgrit import solver
+
+    X, y, settings, serial = mlp_case
+    monkeypatch.setattr(solver, "_workers_are_local", lambda client: False)  # as if on other machines
+    created = _record_stores(monkeypatch)
+    if where == "store":
+        folder = tmp_path / "traj.zarr"
+        kwargs = {"engine": {"store": str(folder)}}
+    else:
+        kwargs = {"checkpoint": tmp_path / "run"}
+    trainer = MGRITTrainer((16, 16), preset="solver1", client=client2, **kwargs, **settings)
+    _fit(trainer, X, y, 256)
+    assert _rel(trainer, serial) < 1e-9
+    attempts = [a for a in trainer.result_.adaptations if a.outcome != "serial"]
+    assert attempts[0].outcome != "converged" and len(attempts) > 1
+    # the first attempt's store is the run's; every later one is a store of its own inside it, removed once it ended
+    if where == "checkpoint":
+        folder = created[0]
+        assert folder.parent == tmp_path / "run" / "checkpoints" and not folder.exists()  # the trainer's, removed
+    assert created[0] == folder and len(created) == len(attempts)
+    assert all(folder in path.parents for path in created[1:])
+    if where == "store":
+        assert not any(p.name.startswith("daskann-mgrit-") for p in folder.iterdir())
 
 
 def test_stalled_solve_adapts_then_finishes_serially():

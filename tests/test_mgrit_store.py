@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 import zarr
 from conftest import no_tasks_submitted
 
-from daskann import StoreError
-from daskann.mgrit import MGRIT, MGRITDiverged, linear
+from daskann import SerialTrainer, StoreError
+from daskann.data import make_linear
+from daskann.mgrit import MGRIT, MGRITDiverged, MGRITTrainer, _store, linear
 
 
 class Interrupt(Exception):
@@ -100,3 +103,50 @@ def test_threaded_workers_count_as_local_for_a_temporary_store():
 
     assert _workers_are_local(Info("inproc://10.11.12.13/4242/1", "tcp://127.0.0.1:40000"))
     assert not _workers_are_local(Info("tcp://127.0.0.1:40000", "tcp://10.11.12.13:40001"))
+
+
+# -- where MGRITTrainer keeps its stores ---------------------------------------------------------------------------
+
+
+def _record_stores(monkeypatch) -> list[Path]:
+    """The paths of the trajectory stores created from now on, in order."""
+    created, create = [], _store.create_store
+    monkeypatch.setattr(_store, "create_store", lambda path, **kw: (created.append(Path(path)), create(path, **kw))[1])
+    return created
+
+
+def _fit_on_other_machines(client, monkeypatch, **kwargs):
+    """A fit on ``client`` as if its workers ran on other machines (a temporary folder here is refused)."""
+    from daskann.mgrit import solver
+
+    monkeypatch.setattr(solver, "_workers_are_local", lambda c: False)
+    X, y = make_linear(128, 4, 1, seed=0)
+    settings = dict(batch_size=16, lr=1e-3, seed=0)
+    serial = SerialTrainer((8,), **settings).fit(X, y, steps=64)
+    trainer = MGRITTrainer((8,), solver={"levels": 2, "cfactor": 4}, client=client, **settings, **kwargs)
+    trainer.fit(X, y, steps=64)
+    a, b = (np.concatenate([p.ravel() for p in t.model_.params]) for t in (trainer, serial))
+    assert trainer.result_.converged and np.linalg.norm(a - b) / np.linalg.norm(b) < 1e-9
+    return trainer
+
+
+def test_trainer_without_a_store_writes_under_the_shared_directory(tmp_path, client2, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    created = _record_stores(monkeypatch)
+    with dask.config.set({"daskann.cluster.shared-directory": str(shared)}):
+        # the shared folder wins over the checkpoint folder: the workers may not see that one
+        _fit_on_other_machines(client2, monkeypatch, checkpoint=tmp_path / "run")
+    assert len(created) == 1 and created[0].parent.parent == shared
+    assert not any(shared.iterdir())  # a fresh folder of the run's, removed once it ended
+
+
+def test_a_profiles_shared_directory_wins_over_the_setting(tmp_path, client2, monkeypatch):
+    profile, setting = tmp_path / "profile", tmp_path / "setting"
+    profile.mkdir()
+    monkeypatch.setattr(client2, "_daskann_shared_directory", profile, raising=False)
+    created = _record_stores(monkeypatch)
+    # a folder that does not exist: the profile's folder wins, so the setting is not even read
+    with dask.config.set({"daskann.cluster.shared-directory": str(setting)}):
+        _fit_on_other_machines(client2, monkeypatch)
+    assert len(created) == 1 and created[0].parent.parent == profile and not any(profile.iterdir())

@@ -12,7 +12,9 @@ propagated serially, so the trainer always ends at serial training's weights.
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -94,12 +96,17 @@ class AttemptSolver(MGRIT):
     stall_budget : int, optional
         Iterations the attempt may take (its ``max_iter``); given, a stalled
         residual (:func:`stalled`) fails the attempt (None: no stall test).
+    scratch_dir : path, optional
+        Folder, seen by every worker, that holds the attempt's temporary store
+        when ``store`` is None (created if missing; the store is removed when
+        the attempt ends). None: a temporary folder of this machine.
     """
 
-    def __init__(self, *args, initial_cpoints=None, stall_budget=None, **kwargs):
+    def __init__(self, *args, initial_cpoints=None, stall_budget=None, scratch_dir=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.initial_cpoints = initial_cpoints
         self.stall_budget = stall_budget
+        self.scratch_dir = scratch_dir
         self.kept = None  # (C-point rows, their residuals) of the last committed iteration
         self.before_last = None  # (fine step, flat state) of the last C-point before the final step, once converged
         self._norms: list[float] = []
@@ -110,6 +117,16 @@ class AttemptSolver(MGRIT):
         if self.stall_budget is not None:
             opt["stall"] = stalled
         return opt
+
+    def _store_path(self, scheduler) -> tuple[Path, Path | None]:
+        """The store's path and the temporary folder holding it, made in ``scratch_dir`` when that is given."""
+        if self.store is not None or self.scratch_dir is None:
+            return super()._store_path(scheduler)
+        # the folder was chosen because every worker sees it: no check that the workers are on this machine
+        folder = Path(self.scratch_dir)
+        folder.mkdir(parents=True, exist_ok=True)  # the run's store, when the attempt before failed before making it
+        temporary = Path(tempfile.mkdtemp(prefix="daskann-mgrit-", dir=folder))
+        return temporary / "trajectory.zarr", temporary
 
     def _report(self, run, k, record, converged) -> None:
         self._norms = list(run.norms)

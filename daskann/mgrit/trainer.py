@@ -25,7 +25,7 @@ from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, CycleType, Loss, MGRITScheduler
 from daskann._validation import check_choice, invalid
-from daskann.cluster import check_worker_memory
+from daskann.cluster import check_worker_memory, current_sync_client, shared_directory
 from daskann.data import BatchOrder
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit import _adapt
@@ -57,9 +57,11 @@ class _FitRun:
     velocity: list
     done: int
     resume: object  # the checkpoint given to fit, None when the run's store continues it
+    shared: Path | None = None  # the folder every node sees, where a cluster run without a store keeps its stores
     prop: SGDPropagator | None = None
     store: Path | None = None
     scratch: bool = False  # the store is the trainer's own, removed once the run converged
+    scratch_dir: Path | None = None  # where the attempts without a store of their own make a temporary one
     reference: np.ndarray | None = None  # serial parameters the error is measured against
     history: HistoryRecorder = field(default_factory=lambda: HistoryRecorder("iteration"))
     bar: ProgressBar | None = None
@@ -160,11 +162,17 @@ class MGRITEngineOptions(OptionGroup):
         and ``"sync"`` use dask's local schedulers; ``"inprocess"`` runs the
         same tasks on numpy arrays in this process.
     store : path, optional
-        Zarr trajectory store (dask schedulers). By default a store named
-        after the run under ``<checkpoint folder>/checkpoints`` when a checkpoint
-        folder is set (removed once the run converged), else a temporary
-        folder. Fitting again with the same settings and data continues an
+        Zarr trajectory store (dask schedulers). By default, on a cluster
+        with a folder every node sees (:func:`daskann.cluster.shared_directory`:
+        a profile's ``shared_directory``, else the setting
+        ``daskann.cluster.shared-directory``), a temporary folder in it;
+        otherwise a store named after the run under
+        ``<checkpoint folder>/checkpoints`` when a checkpoint folder is set
+        (removed once the run converged), else a temporary folder of this
+        machine. Fitting again with the same settings and data continues an
         interrupted run from its store; a store of another run is refused.
+        An adapted attempt (``require_convergence=False``) is not resumable:
+        it writes a temporary store of its own inside the run's store.
     intervals_per_task : int or "auto"
         Intervals one task relaxes (``"auto"``: about 32 tasks per sweep).
     timeout : float
@@ -391,6 +399,7 @@ class MGRITTrainer(BaseTrainer):
         settings = self._check_settings(eval_every)
         options = self._solver_options()
         solver, engine = self._group_options()
+        shared = self._shared_directory(engine)  # a bad setting fails here, before the data is read on a cluster
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
@@ -404,7 +413,19 @@ class MGRITTrainer(BaseTrainer):
             raise invalid("steps", total, f"more than the {done} steps the resumed checkpoint holds")
         options = self._levels_for(options, total - done)
         self._check_checkpoint_space(settings, model.sizes, done, total, count=1)  # one, at the end
-        return _FitRun(settings, options, solver, engine, data, order, total, model, velocity, done, resume)
+        return _FitRun(
+            settings, options, solver, engine, data, order, total, model, velocity, done, resume, shared=shared
+        )
+
+    def _shared_directory(self, engine: dict) -> Path | None:
+        """The folder every node of the cluster sees, where a run on a cluster without a ``store`` keeps its stores.
+
+        None for a given store or a local scheduler (whose tasks all run in this process).
+        """
+        if engine["store"] is not None or engine["scheduler"] != "distributed":
+            return None
+        folder = shared_directory(self.client if self.client is not None else current_sync_client())
+        return None if folder is None else Path(folder)
 
     def _levels_for(self, options: dict, n_steps: int) -> dict:
         """A preset's ``levels`` is a maximum, as XBraid's ``max_levels``: a short run keeps the levels its steps allow.
@@ -451,7 +472,7 @@ class MGRITTrainer(BaseTrainer):
         u0 = run.u0 = run.prop.initial_state(run.model, run.velocity)
         run_id = _run_id(run.prop.get_config(), options, u0, run.total - run.done)
         if first:
-            run.store, run.scratch = self._store_path(run_id, run.engine["store"])
+            run.store, run.scratch, run.scratch_dir = self._store_path(run_id, run.engine["store"], run.shared)
         inprocess = run.scheduler == "inprocess"
         return _adapt.AttemptSolver(
             run.prop,
@@ -474,8 +495,8 @@ class MGRITTrainer(BaseTrainer):
             intervals_per_task=run.engine["intervals_per_task"],
             timeout=run.engine["timeout"],
             run_id=run_id if first else None,
-            # an adapted attempt is not resumable: a temporary store of its own
             store=None if inprocess or not first else run.store,
+            scratch_dir=None if inprocess else run.scratch_dir,
             scheduler=None if inprocess else run.scheduler,
         )
 
@@ -686,17 +707,28 @@ class MGRITTrainer(BaseTrainer):
             run.final_velocity = self._finish(run, start, vector)[1]
         return run.final_velocity
 
-    def _store_path(self, run_id: str, store):
-        """The trajectory store (``engine``'s ``store``) and whether it is the trainer's own (removed once the
-        run converged)."""
+    def _store_path(self, run_id: str, store, shared: Path | None) -> tuple[Path | None, bool, Path | None]:
+        """Where the run's trajectories go.
+
+        Returns the first attempt's store (``engine``'s ``store``; None: a
+        temporary one), whether it is the trainer's own (removed once the run
+        converged), and the folder an attempt without a store of its own makes
+        its temporary store in (None: a temporary folder of this machine).
+        """
+        # an adapted attempt is not resumable (its store cannot be the run's): its temporary store goes inside the
+        # run's store, the folder the workers were told to write to
         if store is not None:
             if not isinstance(store, (str, Path)):
                 raise invalid("store", store, "a folder path or None", TypeError)
-            return Path(store), False
+            return Path(store), False, Path(store)
+        if shared is not None:
+            # workers on other nodes see it: every attempt makes a fresh folder there, removed when it ends
+            return None, False, shared
         if self._checkpoint_dir is not None:
             # named by the run: fitting again with the same settings continues an interrupted solve
-            return Path(self._checkpoint_dir) / store_module.CHECKPOINT_DIR / f"{run_id}.zarr", True
-        return None, False
+            path = Path(self._checkpoint_dir) / store_module.CHECKPOINT_DIR / f"{run_id}.zarr"
+            return path, True, path
+        return None, False, None
 
     def _reference(self, reference, X, y, model, resume, total, solver: dict):
         if reference is None and not solver["compute_error"]:
