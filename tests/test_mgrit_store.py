@@ -144,7 +144,7 @@ def test_trainer_without_a_store_writes_under_the_shared_directory(tmp_path, cli
 def test_a_profiles_shared_directory_wins_over_the_setting(tmp_path, client2, monkeypatch):
     profile, setting = tmp_path / "profile", tmp_path / "setting"
     profile.mkdir()
-    monkeypatch.setattr(client2, "_daskann_shared_directory", profile, raising=False)
+    monkeypatch.setattr(client2.cluster, "_daskann_shared_directory", profile, raising=False)
     created = _record_stores(monkeypatch)
     # a folder that does not exist: the profile's folder wins, so the setting is not even read
     with dask.config.set({"daskann.cluster.shared-directory": str(setting)}):
