@@ -7,6 +7,7 @@ scheduler and workers listen on the loopback interface; nothing else is reached.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -149,3 +150,27 @@ class DuringFit:
 def processing_on(c, address: str) -> bool:
     """Whether the worker at ``address`` is running a task now."""
     return bool(c.processing(workers=[address]).get(address))
+
+
+class WorkersSeen:
+    """Every worker address the scheduler lists while the ``with`` block runs (polled twice a second)."""
+
+    def __init__(self, c):
+        self.c = c
+        self.addresses: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # the scheduler is busy: look again
+                self.addresses.update(self.c.scheduler_info(n_workers=-1)["workers"])
+            self._stop.wait(0.5)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(10)
