@@ -13,9 +13,12 @@ from sklearn.utils import ClassifierTags, RegressorTags
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from daskann import (
+    _client_reference,  # noqa: F401  (a client parameter pickles and copies as a reference)
+    store,
+)
 from daskann import _labels as labels
 from daskann import _predictions as predictions
-from daskann import store
 from daskann._dask_input import (
     check_dask_data,
     check_dask_features_layout,
