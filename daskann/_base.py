@@ -13,9 +13,12 @@ from sklearn.utils import ClassifierTags, RegressorTags
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from daskann import (
+    _client_reference,  # noqa: F401  (a client parameter pickles and copies as a reference)
+    store,
+)
 from daskann import _labels as labels
 from daskann import _predictions as predictions
-from daskann import store
 from daskann._dask_input import (
     check_dask_data,
     check_dask_features_layout,
@@ -108,6 +111,10 @@ class TrainingData:
     @property
     def n_features(self) -> int:
         return self.X.shape[1]
+
+
+def _holds_dask_arrays(data: TrainingData) -> bool:
+    return any(is_dask_array(a) for a in (data.X, data.y, *(data.validation or ())))
 
 
 class BaseTrainer(GroupedOptions, BaseEstimator):
@@ -205,6 +212,28 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
             if name in self.__dict__:
                 setattr(new, name, copy.deepcopy(self.__dict__[name]))
         return new
+
+    def __getstate__(self):
+        # a copy: Python's default state is the instance's own __dict__, which subclasses prune
+        state = dict(super().__getstate__())
+        data = state.get("_data")
+        if data is not None and _holds_dask_arrays(data):
+            # graphs over the cluster's keys (persisted futures): a saved trainer must load where that cluster
+            # is gone, so it keeps no dask-array data, and partial_fit then asks for X
+            del state["_data"]
+        return state
+
+    def _kept_data(self) -> TrainingData:
+        """The data of the last call, which ``partial_fit`` without ``X`` continues on."""
+        data = self.__dict__.get("_data")
+        if data is None:
+            raise invalid(
+                "X",
+                None,
+                "training data: this trainer is a copy (pickled or deep-copied) of one fitted on dask arrays, "
+                "which copies do not keep",
+            )
+        return data
 
     def __sklearn_is_fitted__(self) -> bool:
         # attributes such as partition_ or history_ can exist after a failed fit; a model cannot

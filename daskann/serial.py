@@ -184,8 +184,11 @@ class SerialTrainer(BaseTrainer):
             return self._first_partial_fit(X, y, classes, steps, epochs)
         self._check_partial_classes(classes)
         settings = self._settings
-        if X is not None:
-            validation = self._data.validation
+        if X is None:
+            self._kept_data()
+        else:
+            # a copy of a trainer fitted on dask arrays keeps no data (BaseTrainer.__getstate__): no validation either
+            validation = getattr(self.__dict__.get("_data"), "validation", None)
             self._data = self._check_data(X, y, None, settings, model=self.model_, reset=False)
             self._data.validation = validation
             self.batch_order_ = self._batch_order(settings, self._data.n_samples)

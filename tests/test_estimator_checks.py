@@ -73,3 +73,25 @@ def test_bad_input_checks_get_sklearns_messages_and_submit_nothing(name, client2
     trainer = NPTTrainer((8,), grid="1x2", mode="graph", **CLASSIFIER)
     with client2.as_current(), no_tasks_submitted(client2):
         check(type(trainer).__name__, trainer)
+
+
+#: one trainer of each parallel method, with the settings above that learn the checks' data fast
+EXPLICIT_CLIENT = {
+    "npt-graph": lambda c: NPTTrainer((8,), grid="1x2", mode="graph", client=c, **CLASSIFIER),
+    "npt-resident": lambda c: NPTTrainer((8,), grid="1x2", mode="resident", client=c, **REGRESSOR),
+    "mgrit": lambda c: MGRITTrainer((8,), client=c, **CLASSIFIER),
+    "partition": lambda c: PartitionTrainer((8,), client=c, **CLASSIFIER),
+}
+
+
+@pytest.mark.parametrize("name", list(EXPLICIT_CLIENT))
+def test_parallel_trainers_pass_the_estimator_checks_with_a_client_parameter(name, client2):
+    # as a cluster user writes it, client=c, with no current client: the checks then pickle, deep-copy,
+    # clone and hash a trainer (and its get_params()) holding a live client
+    from sklearn.utils.estimator_checks import check_estimator
+
+    results = check_estimator(EXPLICIT_CLIENT[name](client2), on_fail=None, on_skip=None)
+    # check_estimators_pickle runs twice (the second time on read-only memory maps): a list keeps both
+    failed = [f"{r['check_name']}: {r['exception']!r}" for r in results if r["status"] == "failed"]
+    passed = sum(r["status"] == "passed" for r in results)
+    assert not failed, f"{passed}/{len(results)} checks passed; failed: {failed}"

@@ -123,15 +123,18 @@ class GridResults:
         self._velocity = value
 
     def _load_final(self) -> None:
+        self._model, self._velocity = self._read_final()
+
+    def _read_final(self) -> tuple:
+        """Model and velocity from the last store the cells wrote, else gathered from the grid."""
         path = self.__dict__.get("_final_store")
         if path is not None:
             ckpt = store.load_checkpoint(path)
-            self._model, self._velocity = ckpt.model, ckpt.velocity
-            return
+            return ckpt.model, ckpt.velocity
         state = self._live_grid_state()
         if state is None:
             raise AttributeError(f"{type(self).__name__} has no model_ (not fitted, or its grid is gone)")
-        self._model, self._velocity = self._gather_grid(state)
+        return self._gather_grid(state)
 
     def _gather_grid(self, state):
         """Model and velocity of a grid state, gathered to the client."""
@@ -188,12 +191,14 @@ class GridResults:
         return state_biases(state, self._settings["dtype"])
 
     def __getstate__(self):
-        # the final state's futures belong to one live client: a pickled trainer keeps model_ alone
-        if self.__dict__.get("_model") is None and self.__dict__.get("_final_store") is None:
-            if self._live_grid_state() is not None:
-                self._load_final()
+        # the final state's futures belong to one live client, and a copy may load where neither the grid nor
+        # the checkpoint folder is: the copy holds the model itself; the live trainer keeps reading where it is
         state = super().__getstate__()
         state.pop("_grid_state", None)
+        if state.get("_model") is None and (
+            state.get("_final_store") is not None or self._live_grid_state() is not None
+        ):
+            state["_model"], state["_velocity"] = self._read_final()
         return state
 
     def _live_grid_state(self):

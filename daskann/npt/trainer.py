@@ -231,9 +231,12 @@ class NPTTrainer(GridResults, BaseTrainer):
             return self._first_partial_fit(X, y, classes, steps, epochs)
         self._check_partial_classes(classes)
         settings = self._settings
-        if X is not None:
-            # checked against the net's sizes: the model stays where it is (on the grid, or in its store)
-            validation = self._data.validation
+        if X is None:
+            self._kept_data()
+        else:
+            # checked against the net's sizes: the model stays where it is (on the grid, or in its store);
+            # a copy of a trainer fitted on dask arrays keeps no data (BaseTrainer.__getstate__): no validation either
+            validation = getattr(self.__dict__.get("_data"), "validation", None)
             self._data = self._check_data(X, y, None, settings, model=_sized(self._sizes), reset=False)
             self._data.validation = validation
             self.batch_order_ = self._batch_order(settings, self._data.n_samples)
