@@ -13,6 +13,7 @@ Run with ``-s`` to see each case's figures.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import dask
 import pytest
@@ -37,8 +38,8 @@ pytestmark = needs_slurm
 
 TOLERANCE = 1e-9
 COMMON = dict(lr=0.05, batch_size=20, seed=3, sgd={"momentum": 0.9})
-#: workers retire every 20-30 s; their jobs' walltime is 2 minutes
-RETIRING = {"walltime": "00:02:00", "worker_extra_args": ["--lifetime", "25s", "--lifetime-stagger", "5s"]}
+#: walltime of the retiring workers' jobs
+WALLTIME = "00:03:00"
 
 
 @pytest.fixture(scope="module")
@@ -155,14 +156,15 @@ def test_partition_survives_scancel_of_a_submodel_job(tmp_path, data):
 
 # -- every worker retiring at its walltime, several times in one run ---------------------------------------
 @contextlib.contextmanager
-def retiring_cluster(tmp_path):
-    """Two worker jobs whose workers retire every 12-16 s; the cluster replaces each job from the queue.
+def retiring_cluster(tmp_path, lifetime="25s", stagger="5s"):
+    """Two worker jobs whose workers retire after ``lifetime`` (give or take ``stagger``); each job is replaced.
 
     SpecCluster gives up on a worker that left after ``distributed.deploy.lost-worker-timeout`` (15 s),
     and only then is its job resubmitted: 3 s here, so that a run sees several generations of jobs.
     """
     with dask.config.set({"distributed.deploy.lost-worker-timeout": "3s"}):
-        with profile_client(tmp_path, **RETIRING) as c, WorkersSeen(c) as seen:
+        retiring = ["--lifetime", lifetime, "--lifetime-stagger", stagger]
+        with profile_client(tmp_path, walltime=WALLTIME, worker_extra_args=retiring) as c, WorkersSeen(c) as seen:
             yield c, seen
 
 
@@ -184,3 +186,88 @@ def test_npt_graph_rides_through_workers_retiring_at_their_walltime(tmp_path, da
     report("npt graph, workers retiring", generations=generations(seen), recoveries=trainer.recoveries_,
            difference=f"{difference:.1e}")  # fmt: skip
     assert generations(seen) >= 3 and difference <= TOLERANCE
+
+
+def test_npt_resident_rides_through_workers_retiring_at_their_walltime(tmp_path, data):
+    from daskann.npt import NPTTrainer
+
+    X, y = data
+    steps = 150000
+    with retiring_cluster(tmp_path, "40s", "10s") as (c, seen):
+        trainer = NPTTrainer(
+            (16,), grid="1x2", mode="resident", client=c, checkpoint={"dir": tmp_path / "run", "every": 5000}, **COMMON
+        )
+        start = time.monotonic()
+        got = params(trainer.fit(X, y, steps=steps).model_)
+        seconds = round(time.monotonic() - start, 1)
+    difference = relative_difference(got, serial(data, steps))
+    report("npt resident, workers retiring", generations=generations(seen), recoveries=trainer.recoveries_,
+           seconds=seconds,
+           difference=f"{difference:.1e}")  # fmt: skip
+    assert generations(seen) >= 2 and difference <= TOLERANCE
+
+
+def test_partition_rides_through_workers_retiring_at_their_walltime(tmp_path, data, client2):
+    from daskann.partition import PartitionTrainer
+
+    kw = dict(k=2, merge={"noise": 0.02}, split={"sub_steps": 100000, "retries": 2, "timeout": 240.0}, **COMMON)
+    reference = PartitionTrainer((32, 32), client=client2, **kw).fit(*data, steps=20)
+    with retiring_cluster(tmp_path, "10s", "2s") as (c, seen):
+        trainer = PartitionTrainer((32, 32), client=c, checkpoint={"dir": tmp_path / "run", "every": 5000}, **kw)
+        trainer.fit(*data, steps=20)
+    got = [p for m in trainer.submodels_ for p in m.params] + params(trainer.model_)
+    ref = [p for m in reference.submodels_ for p in m.params] + params(reference.model_)
+    difference = relative_difference(got, ref)
+    resumed = [r.resumed_from for r in trainer.submodel_results_]
+    report("partition, workers retiring", generations=generations(seen), resumed_from=resumed,
+           difference=f"{difference:.1e}")  # fmt: skip
+    assert generations(seen) >= 2 and difference <= TOLERANCE
+
+
+# -- MGRIT: its trajectories in the shared folder, its tasks on jobs that end -------------------------------
+MGRIT_CASE = dict(activation="leaky_relu", loss="mse", batch_size=16, lr=0.01, seed=0, sgd={"momentum": 0.9})
+
+
+@pytest.fixture(scope="module")
+def mgrit_case():
+    X, y = make_linear(256, 8, 2, seed=0)
+    return X, y, params(SerialTrainer((16, 16), **MGRIT_CASE).fit(X, y, steps=256).model_)
+
+
+def test_mgrit_adapts_with_its_store_in_the_shared_folder(tmp_path, mgrit_case):
+    """The issue's fourth failure: the ladder's second attempt dropped the store on workers of a batch system."""
+    from daskann.mgrit import MGRITTrainer
+
+    X, y, ref = mgrit_case
+    with profile_client(tmp_path) as c:
+        folder = tmp_path / "site" / "shared" / "trajectory.zarr"
+        trainer = MGRITTrainer((16, 16), preset="solver1", client=c, engine={"store": str(folder)}, **MGRIT_CASE)
+        got = params(trainer.fit(X, y, steps=256).model_)
+        default = MGRITTrainer((16, 16), client=c, **MGRIT_CASE)
+        default_got = params(default.fit(X, y, steps=256).model_)
+    attempts = [a.outcome for a in trainer.result_.adaptations]
+    difference = relative_difference(got, ref)
+    report("mgrit adaptive, store in the shared folder", attempts=attempts, difference=f"{difference:.1e}",
+           default_store_difference=f"{relative_difference(default_got, ref):.1e}")  # fmt: skip
+    assert len(attempts) > 1 and attempts[0] != "converged" and difference <= TOLERANCE
+    assert relative_difference(default_got, ref) <= TOLERANCE
+    assert not any(p.name.startswith("daskann-mgrit-") for p in folder.parent.iterdir()), "scratch stores removed"
+
+
+def test_mgrit_survives_scancel_and_workers_retiring(tmp_path, mgrit_case):
+    from daskann.mgrit import MGRITTrainer
+
+    X, y, ref = mgrit_case
+    solver = {"levels": 3, "cfactor": 4, "tol": 1e-9, "max_iter": 60}
+    with retiring_cluster(tmp_path, "10s", "2s") as (c, seen):
+        trainer = MGRITTrainer((16, 16), client=c, solver=solver, engine={"intervals_per_task": 2}, **MGRIT_CASE)
+        run = DuringFit(
+            lambda: params(trainer.fit(X, y, steps=256).model_),
+            lambda: any(processing_on(c, w) for w in c.scheduler_info()["workers"]),
+            lambda: scancel_worker(c, next(w for w in c.scheduler_info()["workers"] if processing_on(c, w))),
+        )
+    assert run.faulted_mid_run and not run.hung and run.error is None, repr(run.error)
+    difference = relative_difference(run.result, ref)
+    report("mgrit: scancel, workers retiring", job=run.fault_result, generations=generations(seen),
+           iterations=trainer.n_iter_, seconds=round(run.seconds, 1), difference=f"{difference:.1e}")  # fmt: skip
+    assert difference <= TOLERANCE

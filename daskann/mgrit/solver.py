@@ -47,6 +47,7 @@ from urllib.parse import urlparse
 import numpy as np
 from distributed import Client
 
+from daskann._batch import is_batch_cluster
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._typing import CycleType
 from daskann._validation import check_choice, check_float, check_int, invalid
@@ -669,6 +670,12 @@ def _paper_speedup(opt: dict, n_iter: int) -> float:
 
 
 def _workers_are_local(client: Client) -> bool:
+    """Whether every worker is, and will stay, on this machine: a temporary folder here is then theirs too.
+
+    A batch system's cluster never counts: its replacement jobs may start on any node.
+    """
+    if is_batch_cluster(getattr(client, "cluster", None)):
+        return False
     local = {"127.0.0.1", "localhost", "::1", socket.gethostname()}
     try:
         local.add(socket.gethostbyname(socket.gethostname()))
