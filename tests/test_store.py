@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import pickletools
 from pathlib import Path
@@ -215,6 +216,14 @@ def test_read_only_output_is_refused_before_training(tmp_path):
             SerialTrainer((4,), batch_size=8, checkpoint=target).fit(X, y, steps=2)
     finally:
         os.chmod(tmp_path / "ro", 0o700)
+
+
+def test_each_verifier_module_registers_its_kind():
+    from daskann.store._verify import VERIFIER_MODULES, VERIFIERS
+
+    for kind, module in VERIFIER_MODULES.items():
+        importlib.import_module(module)
+        assert kind in VERIFIERS, (kind, module)
 
 
 def test_mgrit_trajectory_store_is_verified(tmp_path):
