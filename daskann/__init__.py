@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 from daskann._lazy import attach
 
+# the names __getattr__ loads on first use (submodules included), for type checkers and readers
 if TYPE_CHECKING:
-    # the submodules, offered as attributes
     from daskann import cluster, config, data, exceptions, mgrit, nn, npt, partition, plan, serial, store  # noqa: F401
     from daskann._options import CheckpointOptions, NetworkOptions, SGDOptions
     from daskann.data import BatchOrder

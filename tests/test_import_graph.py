@@ -29,7 +29,7 @@ CLI_MODULES = {
     "daskann.plan.cli",
 }
 #: packages whose names load on first use (daskann._lazy.attach)
-LAZY_PACKAGES = ("daskann",)
+LAZY_PACKAGES = ("daskann", "daskann.mgrit", "daskann.npt", "daskann.partition", "daskann.plan")
 #: what importing a lazy package must not load: seconds of imports, more on a login node's shared file system
 HEAVY = ("dask", "distributed", "pandas", "scipy", "sklearn", "xarray", "zarr")
 
