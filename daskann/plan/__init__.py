@@ -13,9 +13,9 @@ from daskann._lazy import attach
 # the names __getattr__ loads on first use (submodules included), for type checkers and readers
 if TYPE_CHECKING:
     from daskann.plan._cluster import ClusterSpec, cluster_from_dict, load_cluster, write_cluster
+    from daskann.plan._constants import METHODS
     from daskann.plan._measure import measure_cluster
     from daskann.plan._model import (
-        METHODS,
         Network,
         Prediction,
         paper_potential_speedup,
@@ -47,7 +47,7 @@ __getattr__, __dir__ = attach(
     __name__,
     {
         "ClusterSpec": "daskann.plan._cluster",
-        "METHODS": "daskann.plan._model",
+        "METHODS": "daskann.plan._constants",
         "Network": "daskann.plan._model",
         "Prediction": "daskann.plan._model",
         "cluster_from_dict": "daskann.plan._cluster",
