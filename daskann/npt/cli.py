@@ -1,8 +1,13 @@
-"""``daskann train npt``, ``daskann plan`` and ``daskann bench npt``."""
+"""``daskann train npt``, ``daskann plan`` and ``daskann bench npt``.
+
+The trainer, the cost model and the benchmarks load when a command runs, not
+when its options are defined.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 import click
 
@@ -17,12 +22,12 @@ from daskann._cli_common import (
     run_training,
     training_options,
 )
-from daskann.npt._engine_options import MODES, PIPELINES
+from daskann._typing import NPTMode, NPTPipeline
 
 
 def mode_option(help: str):
     """``--mode``: graph, resident or auto (the cost model's choice)."""
-    return click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True, help=help)
+    return click.option("--mode", type=click.Choice(get_args(NPTMode)), default="auto", show_default=True, help=help)
 
 
 def _connect(opts: dict, *, quiet: bool):
@@ -67,7 +72,7 @@ def _nanmedian(values):
 @click.option("--share-workers", is_flag=True, help="Allow a grid with more cells than workers.")
 @click.option(
     "--pipeline",
-    type=click.Choice(PIPELINES),
+    type=click.Choice(get_args(NPTPipeline)),
     default="auto",
     show_default=True,
     help="Graph mode: tasks per output block (fused, single chain, double-buffered).",
