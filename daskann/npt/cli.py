@@ -18,6 +18,7 @@ from daskann._cli_common import (
     connect,
     data_options,
     network_options,
+    option_errors,
     output_options,
     run_training,
     training_options,
@@ -28,6 +29,15 @@ from daskann._typing import NPTMode, NPTPipeline
 def mode_option(help: str):
     """``--mode``: graph, resident or auto (the cost model's choice)."""
     return click.option("--mode", type=click.Choice(get_args(NPTMode)), default="auto", show_default=True, help=help)
+
+
+def _check_grid(ctx, param, value):
+    """``--grid`` checked as the command line is read: a bad value fails before the data loads and a cluster starts."""
+    from daskann.npt._grid_spec import parse_grid
+
+    with option_errors():
+        parse_grid(value)
+    return value
 
 
 def _connect(opts: dict, *, quiet: bool):
@@ -66,6 +76,7 @@ def _nanmedian(values):
     "--grid",
     default="auto",
     show_default=True,
+    callback=_check_grid,
     help="Process grid: 'auto' (cost model), 'RxC' such as 2x2 or 2x4, or Q for QxQ.",
 )
 @mode_option("graph: a task per block product; resident: one long-lived task per worker.")
