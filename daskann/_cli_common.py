@@ -4,6 +4,10 @@ A method's command stacks the decorators below, builds its trainer from
 :func:`trainer_settings` plus its own options, and hands it to
 :func:`run_training`, which loads the data, prepares the output folder, fits,
 saves and prints the summary (``--json`` for machines).
+
+Defining the options loads nothing heavy: dask, zarr, the data sets, the
+store and the trainers are imported inside the functions that use them, so a
+command's ``--help`` and its argument errors answer at once.
 """
 
 from __future__ import annotations
@@ -15,18 +19,12 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import get_args
 
 import click
-import dask.array as da
-import numpy as np
-import zarr
 
-from daskann import store
-from daskann._base import constructor_arguments
-from daskann._dask_input import is_dask_array, remote_call
-from daskann._validation import invalid
-from daskann.cluster import client as make_client
-from daskann.data import DATASETS, Dataset, load_dataset
+from daskann._typing import DatasetName
+from daskann.exceptions import StoreError
 
 
 def _int_list(ctx, param, value):
@@ -134,7 +132,7 @@ def data_options(func):
     return option_group(
         click.option(
             "--dataset",
-            type=click.Choice(list(DATASETS)),
+            type=click.Choice(list(get_args(DatasetName))),
             default="linear",
             show_default=True,
             help="Data set to train on.",
@@ -216,7 +214,7 @@ def report_options(func):
 
 #: Python parameters whose command-line option has another destination name
 PARAMETER_OPTIONS = {"hidden_sizes": "hidden", "path": "data_path", "cf_iter": "relaxation", "data": "data_store"}
-_ERRORS = (ValueError, TypeError, FileNotFoundError, ConnectionError, store.StoreError)
+_ERRORS = (ValueError, TypeError, FileNotFoundError, ConnectionError, StoreError)
 # "name=value is not valid: ..." (daskann._validation.invalid); "a/b=..." for pairs of parameters,
 # "name[i]=..." for an entry of a list; "group['name']=..." for an option of a trainer's option group
 _PARAMETER_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\['([A-Za-z_]\w*)'\]|([A-Za-z_]\w*(?:/[A-Za-z_]\w*)*))(?:\[\d+\])?=")
@@ -280,6 +278,8 @@ def cli_errors(func):
 
 def connect(opts: dict, *, quiet: bool = False):
     """The client the cluster options ask for; its dashboard link on stderr unless ``quiet``."""
+    from daskann.cluster import client as make_client
+
     c = make_client(address=opts.get("address"), profile=opts.get("profile"), n_workers=opts.get("workers"), quiet=True)
     if not quiet:
         echo_dashboard(c)
@@ -324,6 +324,8 @@ def setup_logging(level: str) -> None:
 
 def load_data(opts: dict):
     """The data set the options name: ``--data``'s zarr arrays (as dask arrays), or a named set."""
+    from daskann.data import load_dataset
+
     if opts.get("data_store") is not None:
         return load_zarr_data(opts["data_store"])
 
@@ -347,6 +349,13 @@ def load_zarr_data(path):
     (no validation without them). Nothing is read here: the task and loss come
     from the dtype of ``y`` (integers: classification).
     """
+    import dask.array as da
+    import numpy as np
+    import zarr
+
+    from daskann._validation import invalid
+    from daskann.data import Dataset
+
     expected = "a zarr group holding arrays X and y (optionally X_val and y_val)"
     try:
         group = zarr.open_group(str(path), mode="r")
@@ -397,6 +406,8 @@ def training_length(opts: dict) -> dict:
 
 def summarize(trainer, dataset, *, method: str, seconds: float, output=None, extra: dict | None = None) -> dict:
     """JSON-safe summary of a finished run."""
+    import numpy as np
+
     model = trainer.model_
     summary = {
         "method": method,
@@ -421,6 +432,7 @@ def summarize(trainer, dataset, *, method: str, seconds: float, output=None, ext
 
 def _validation_summary(model, dataset, loss: str) -> dict:
     """Validation loss (and accuracy) of the final model; on a worker for dask-array data."""
+    from daskann._dask_input import is_dask_array, remote_call
 
     def measure(model, X_val, y_val):
         values = {"val_loss": float(model.loss(X_val, y_val, loss))}
@@ -458,6 +470,9 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
     from ``arguments`` (:func:`trainer_settings` as constructor keywords, see
     :func:`daskann._base.constructor_arguments`) plus the method's own options.
     """
+    from daskann import store
+    from daskann._base import constructor_arguments
+
     dataset = load_data(opts)
     settings = trainer_settings(opts, dataset)
     output = opts.get("output")

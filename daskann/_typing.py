@@ -16,6 +16,8 @@ Output = Literal["linear", "softmax", "sigmoid", "tanh"]
 Loss = Literal["mse", "cross_entropy", "sse"]
 #: floating-point type of weights and data
 FloatDType = Literal["float32", "float64"]
+#: data set of ``load_dataset`` and ``daskann train --dataset`` (``daskann.data.DATASETS``)
+DatasetName = Literal["linear", "digits", "mnist1d", "mnist", "cifar10"]
 #: NPT execution mode (``daskann.npt._engine_options.MODES``)
 NPTMode = Literal["auto", "graph", "resident"]
 #: NPT graph-mode pipelining (``daskann.npt._engine_options.PIPELINES``)

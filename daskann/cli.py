@@ -1,15 +1,21 @@
-"""The ``daskann`` command (also ``python -m daskann``)."""
+"""The ``daskann`` command (also ``python -m daskann``).
+
+Its commands load what they run when they run: ``daskann --help``, any
+command's ``--help`` and argument errors load neither the trainers nor
+dask, scikit-learn or zarr (seconds, more on a login node's shared file
+system).
+"""
 
 from __future__ import annotations
 
 import importlib
 import json
+import sys
 import time
 from pathlib import Path
 
 import click
 
-import daskann.mgrit  # noqa: F401  (registers the MGRIT trajectory verifier with the store)
 from daskann._cli_common import (
     LOG_LEVELS,
     cli_errors,
@@ -21,10 +27,11 @@ from daskann._cli_common import (
     setup_logging,
     training_options,
 )
-from daskann.cluster import client as make_client
-from daskann.cluster import close
-from daskann.serial import SerialTrainer
-from daskann.store import verify_path
+
+if "dask.config" in sys.modules:
+    # loaded by dask's command line (the dask_cli entry point), whose `dask config get daskann` lists the settings;
+    # dask is loaded already, so registering them costs nothing here
+    importlib.import_module("daskann.config")
 
 # method commands live with their method and load on first use
 TRAIN_COMMANDS = {
@@ -100,6 +107,8 @@ def train():
 @cli_errors
 def train_serial(**opts):
     """Reference training: minibatch SGD with momentum in one process."""
+    from daskann.serial import SerialTrainer
+
     run_training(lambda settings, data: SerialTrainer(**settings), opts, method="serial")
 
 
@@ -114,6 +123,9 @@ def bench():
 @cli_errors
 def demo(workers, as_json):
     """Train with every method on an embedded LocalCluster and report how well."""
+    from daskann.cluster import client as make_client
+    from daskann.cluster import close
+
     start = time.perf_counter()
     c = make_client(n_workers=workers, quiet=True)
     try:
@@ -145,6 +157,8 @@ def verify(path, as_json):
     'daskann train ... --output'. Prints one line per store (ok, damaged
     or orphan) and exits with status 1 if any is not ok.
     """
+    from daskann.store import verify_path
+
     report = verify_path(Path(path))
     if as_json:
         click.echo(json.dumps(report, indent=2))

@@ -1,12 +1,15 @@
 """daskann's settings in Dask's configuration, under the ``daskann`` key.
 
 The defaults ship in ``daskann/daskann.yaml`` and are registered with
-:func:`dask.config.update_defaults` when daskann is imported, so the usual
-Dask mechanisms override them: :func:`dask.config.set`, ``DASK_DASKANN__...``
-environment variables and YAML files in Dask's configuration folders. Code
-reads them when it needs them (:func:`seconds`, :func:`count`), never at
-import, so an override applies to the next call. Nothing is written to disk
-unless :func:`ensure_file` is called.
+:func:`dask.config.update_defaults` when this module is imported: by every
+module that reads a setting, on the first use of a name of the ``daskann``
+package, by ``import daskann`` where dask is loaded already, and by the
+command line where dask's own loads it (``dask config get daskann``). The
+usual Dask mechanisms override them: :func:`dask.config.set`,
+``DASK_DASKANN__...`` environment variables and YAML files in Dask's
+configuration folders. Code reads them when it needs them (:func:`seconds`,
+:func:`count`), never at import, so an override applies to the next call.
+Nothing is written to disk unless :func:`ensure_file` is called.
 
 Examples
 --------

@@ -75,6 +75,9 @@ def test_bad_flags_give_one_line_errors(tmp_path):
         (["train", "partition", "--merge-noise", "-1"], "Error: --merge-noise=-1.0 is not valid"),
         (["train", "partition", "--noise", "-1"], "Error: --noise=-1.0 is not valid"),
         (["train", "mgrit", "--coarsening", "1"], "Error: --coarsening=1 is not valid"),
+        # checked as the command line is read, before a cluster starts
+        (["train", "npt", "--grid", "2y2"], "Error: --grid='2y2' is not valid: expected 'auto', 'RxC'"),
+        (["train", "npt", "--grid", "0x2"], "Error: --grid[0]=0 is not valid"),
     ]
     for args, message in cases:
         result = _invoke(args)

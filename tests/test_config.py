@@ -74,7 +74,7 @@ def test_connect_timeout_setting_bounds_the_wait():
 
 
 def test_environment_override_and_dask_config_get(tmp_path):
-    """DASK_DASKANN__... reaches the settings; `dask config get daskann` lists them (daskann imported)."""
+    """DASK_DASKANN__... reaches the settings; `dask config get daskann` lists them."""
     env = {
         "DASK_DASKANN__NPT__POLL_INTERVAL": "2s",
         "DASK_DASKANN__PARTITION__LOST_DATA_RERUNS": "4",
@@ -89,12 +89,14 @@ def test_environment_override_and_dask_config_get(tmp_path):
     assert seen.returncode == 0, seen.stderr
     assert seen.stdout.split() == ["2.0", "4"]
 
-    # the dask command line, as the dask_cli entry point runs it: daskann is imported first
-    listed = _python("import daskann, dask.cli; dask.cli.run_cli()", "config", "get", "daskann", env=env, cwd=tmp_path)
-    assert listed.returncode == 0, listed.stderr
-    settings = yaml.safe_load(listed.stdout)
-    assert settings["npt"]["poll_interval"] == "2s"  # the environment's spelling wins
-    assert settings["npt"]["settle-time"] == "3s" and settings["cluster"]["tls-directory"] == "~/.daskann/tls"
+    # the dask command line, which loads the dask_cli entry point (daskann.cli) after dask: as the `dask`
+    # executable runs it, and in a program that imported daskann before dask
+    for code in ("import dask.cli; dask.cli.run_cli()", "import daskann, dask.cli; dask.cli.run_cli()"):
+        listed = _python(code, "config", "get", "daskann", env=env, cwd=tmp_path)
+        assert listed.returncode == 0, listed.stderr
+        settings = yaml.safe_load(listed.stdout)
+        assert settings["npt"]["poll_interval"] == "2s"  # the environment's spelling wins
+        assert settings["npt"]["settle-time"] == "3s" and settings["cluster"]["tls-directory"] == "~/.daskann/tls"
     assert not (tmp_path / "dask-config").exists()  # importing daskann writes no file
 
 

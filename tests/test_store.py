@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import pickletools
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -217,6 +220,14 @@ def test_read_only_output_is_refused_before_training(tmp_path):
         os.chmod(tmp_path / "ro", 0o700)
 
 
+def test_each_verifier_module_registers_its_kind():
+    from daskann.store._verify import VERIFIER_MODULES, VERIFIERS
+
+    for kind, module in VERIFIER_MODULES.items():
+        importlib.import_module(module)
+        assert kind in VERIFIERS, (kind, module)
+
+
 def test_mgrit_trajectory_store_is_verified(tmp_path):
     from daskann.mgrit import MGRIT, linear
 
@@ -235,6 +246,13 @@ def test_mgrit_trajectory_store_is_verified(tmp_path):
     report = store.verify_path(tmp_path / "run")
     assert report["ok"], report
     assert [item["kind"] for item in report["items"]] == ["mgrit-trajectory"]
+    # in a fresh interpreter that has not loaded MGRIT, the scan loads the verifier of the kind it meets
+    code = (
+        "import sys; from daskann.store import verify_path; assert 'daskann.mgrit' not in sys.modules; "
+        "print(verify_path(sys.argv[1])['ok'])"
+    )
+    fresh = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True)
+    assert fresh.returncode == 0 and fresh.stdout.split() == ["True"], fresh.stderr
 
     # a flipped byte in a committed chunk: the scan reports it and a resume refuses the store
     committed = json.loads((path / "progress.json").read_text())["committed"]

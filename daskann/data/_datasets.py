@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
+from daskann._typing import DatasetName
 from daskann._validation import check_choice, check_float, check_float_dtype, check_int, invalid
 from daskann.data._bundled import load_digits
 from daskann.data._cifar import load_cifar10
@@ -16,7 +17,7 @@ from daskann.data._paths import check_folder
 from daskann.data._split import as_dask, check_val_fraction, train_val_split
 from daskann.data._synthetic import make_linear
 
-DATASETS = ("linear", "digits", "mnist1d", "mnist", "cifar10")
+DATASETS = get_args(DatasetName)
 _NEEDS_PATH = ("mnist", "cifar10")
 _LINEAR_DEFAULTS = {"n_samples": 1024, "n_features": 32, "n_outputs": 4}
 _MNIST1D_SAMPLES = 4000
@@ -73,7 +74,7 @@ class Dataset:
 
 
 def load_dataset(
-    name: str,
+    name: DatasetName,
     *,
     n_samples: int | None = None,
     n_features: int | None = None,

@@ -1,4 +1,8 @@
-"""``daskann train mgrit`` and ``daskann bench mgrit``."""
+"""``daskann train mgrit`` and ``daskann bench mgrit``.
+
+The trainer, the cluster and the benchmarks load when a command runs, not
+when its options are defined.
+"""
 
 from __future__ import annotations
 
@@ -21,11 +25,8 @@ from daskann._cli_common import (
     run_training,
     training_options,
 )
-from daskann.cluster import client as make_client
-from daskann.cluster import close
 from daskann.exceptions import MGRITDidNotPay
 from daskann.mgrit.presets import PRESETS
-from daskann.mgrit.trainer import MGRITTrainer
 
 _RELAXATION = {"F": 0, "FCF": 1, "FCFCF": 2}
 
@@ -132,6 +133,9 @@ def mgrit_summary(trainer) -> dict:
 @cli_errors
 def train_command(**opts):
     """MGRIT over training steps: every SGD step solved at once by multigrid in time."""
+    from daskann.cluster import close
+    from daskann.mgrit.trainer import MGRITTrainer
+
     kwargs = _trainer_kwargs(opts)
     # options that need no data are checked before the data loads and a cluster starts
     MGRITTrainer(opts["hidden"] or (64,), **kwargs)._solver_options()
@@ -260,6 +264,8 @@ def _say(opts: dict):
 
 
 def _bench_client(opts: dict):
+    from daskann.cluster import client as make_client
+
     return make_client(opts.get("address"), n_workers=None if opts.get("address") else opts["workers"], quiet=True)
 
 
@@ -267,6 +273,7 @@ def _study(opts: dict) -> None:
     """The iteration study and the wall-clock comparison: ``mgrit-bench.json`` and two plots."""
     from daskann.bench import mgrit  # the benchmarks load on first use
     from daskann.bench._report import json_default
+    from daskann.cluster import close
 
     config = mgrit.StudyConfig.from_options(**opts)
     Path(opts["output"]).mkdir(parents=True, exist_ok=True)
@@ -286,6 +293,7 @@ def _efficiency(opts: dict) -> None:
     """The execution study: ``mgrit-efficiency.json``."""
     from daskann.bench import mgrit_efficiency  # the benchmarks load on first use
     from daskann.bench._report import json_default, write_json
+    from daskann.cluster import close
 
     config = mgrit_efficiency.EfficiencyConfig.from_options(**opts)
     output = Path(opts["output"])

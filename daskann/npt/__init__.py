@@ -11,11 +11,20 @@
   ``mode="auto"`` and ``daskann plan``.
 """
 
-from daskann.npt.cannon import matmul, matmul_nt, matmul_tn
-from daskann.npt.costmodel import CostModel, choose_grid, measure
-from daskann.npt.grid import ProcessGrid, nearest_grids, parse_grid
-from daskann.npt.matrix import GridMatrix
-from daskann.npt.trainer import NPTEngineOptions, NPTTrainer
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from daskann._lazy import attach
+
+# the names __getattr__ loads on first use (submodules included), for type checkers and readers
+if TYPE_CHECKING:
+    from daskann.npt import cannon, costmodel, graph_mode, grid, matrix, trainer  # noqa: F401
+    from daskann.npt.cannon import matmul, matmul_nt, matmul_tn
+    from daskann.npt.costmodel import CostModel, choose_grid, measure
+    from daskann.npt.grid import ProcessGrid, nearest_grids, parse_grid
+    from daskann.npt.matrix import GridMatrix
+    from daskann.npt.trainer import NPTEngineOptions, NPTTrainer
 
 __all__ = [
     "CostModel",
@@ -31,3 +40,29 @@ __all__ = [
     "nearest_grids",
     "parse_grid",
 ]
+
+__getattr__, __dir__ = attach(
+    __name__,
+    {
+        "CostModel": "daskann.npt.costmodel",
+        "GridMatrix": "daskann.npt.matrix",
+        "NPTEngineOptions": "daskann.npt.trainer",
+        "NPTTrainer": "daskann.npt.trainer",
+        "ProcessGrid": "daskann.npt.grid",
+        "choose_grid": "daskann.npt.costmodel",
+        "matmul": "daskann.npt.cannon",
+        "matmul_nt": "daskann.npt.cannon",
+        "matmul_tn": "daskann.npt.cannon",
+        "measure": "daskann.npt.costmodel",
+        "nearest_grids": "daskann.npt.grid",
+        "parse_grid": "daskann.npt.grid",
+    },
+    submodules=(
+        "cannon",
+        "costmodel",
+        "graph_mode",
+        "grid",
+        "matrix",
+        "trainer",
+    ),
+)

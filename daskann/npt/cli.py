@@ -1,8 +1,13 @@
-"""``daskann train npt``, ``daskann plan`` and ``daskann bench npt``."""
+"""``daskann train npt``, ``daskann plan`` and ``daskann bench npt``.
+
+The trainer, the cost model and the benchmarks load when a command runs, not
+when its options are defined.
+"""
 
 from __future__ import annotations
 
 import json
+from typing import get_args
 
 import click
 
@@ -13,16 +18,26 @@ from daskann._cli_common import (
     connect,
     data_options,
     network_options,
+    option_errors,
     output_options,
     run_training,
     training_options,
 )
-from daskann.npt._engine_options import MODES, PIPELINES
+from daskann._typing import NPTMode, NPTPipeline
 
 
 def mode_option(help: str):
     """``--mode``: graph, resident or auto (the cost model's choice)."""
-    return click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True, help=help)
+    return click.option("--mode", type=click.Choice(get_args(NPTMode)), default="auto", show_default=True, help=help)
+
+
+def _check_grid(ctx, param, value):
+    """``--grid`` checked as the command line is read: a bad value fails before the data loads and a cluster starts."""
+    from daskann.npt._grid_spec import parse_grid
+
+    with option_errors():
+        parse_grid(value)
+    return value
 
 
 def _connect(opts: dict, *, quiet: bool):
@@ -61,13 +76,14 @@ def _nanmedian(values):
     "--grid",
     default="auto",
     show_default=True,
+    callback=_check_grid,
     help="Process grid: 'auto' (cost model), 'RxC' such as 2x2 or 2x4, or Q for QxQ.",
 )
 @mode_option("graph: a task per block product; resident: one long-lived task per worker.")
 @click.option("--share-workers", is_flag=True, help="Allow a grid with more cells than workers.")
 @click.option(
     "--pipeline",
-    type=click.Choice(PIPELINES),
+    type=click.Choice(get_args(NPTPipeline)),
     default="auto",
     show_default=True,
     help="Graph mode: tasks per output block (fused, single chain, double-buffered).",

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from daskann._validation import check_int, invalid
+from daskann._validation import invalid
 from daskann.cluster import worker_addresses
+from daskann.npt._grid_spec import parse_grid
 
 
 def split_sizes(n: int, parts: int) -> tuple[int, ...]:
@@ -32,28 +33,6 @@ def nearest_grids(n_workers: int) -> list[tuple[int, int]]:
     """Grids that use every one of ``n_workers`` workers, squarest first."""
     shapes = [(r, n_workers // r) for r in range(1, n_workers + 1) if n_workers % r == 0]
     return sorted(shapes, key=lambda s: (abs(s[0] - s[1]), -s[0]))
-
-
-def parse_grid(grid) -> tuple[int, int] | str:
-    """``(r, c)`` from a tuple, ``"RxC"``, ``"Q"`` (square) or ``"auto"``."""
-    if isinstance(grid, str):
-        text = grid.strip().lower()
-        if text == "auto":
-            return "auto"
-        try:
-            parts = [int(p) for p in text.split("x")]
-        except ValueError:
-            parts = []
-        if len(parts) == 1:
-            parts = parts * 2
-        if len(parts) != 2:
-            raise invalid("grid", grid, "'auto', 'RxC' such as '2x2' or '2x4', or a pair (rows, cols)")
-        grid = tuple(parts)
-    if isinstance(grid, int) and not isinstance(grid, bool):
-        grid = (grid, grid)
-    if not isinstance(grid, (tuple, list)) or len(grid) != 2:
-        raise invalid("grid", grid, "'auto', 'RxC' such as '2x2' or '2x4', or a pair (rows, cols)")
-    return check_int("grid[0]", grid[0]), check_int("grid[1]", grid[1])
 
 
 @dataclass(frozen=True)

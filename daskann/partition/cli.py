@@ -1,4 +1,8 @@
-"""``daskann train partition`` and ``daskann bench partition``."""
+"""``daskann train partition`` and ``daskann bench partition``.
+
+The trainer, the cluster and the benchmark load when a command runs, not when
+its options are defined.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +24,6 @@ from daskann._cli_common import (
     run_training,
     training_options,
 )
-from daskann.cluster import close
-from daskann.partition import PartitionTrainer
 
 _partition_options = option_group(
     click.option("-k", "--k", "k", type=int, default=2, show_default=True, help="Number of sub-models."),
@@ -108,6 +110,9 @@ def partition_summary(trainer) -> dict:
 @cli_errors
 def train_command(**opts):
     """Partitioned pre-training: k sub-models as futures, merged on the client, fine-tuned."""
+    from daskann.cluster import close
+    from daskann.partition import PartitionTrainer
+
     # every check that needs no data runs before the data loads and a cluster starts;
     # the trainer's noise is --merge-noise here (--noise is the linear data's)
     with option_errors({"noise": "merge_noise"}):
@@ -133,6 +138,8 @@ def train_command(**opts):
 
 def make_probe(opts: dict):
     """An unfitted trainer from the options, to validate them before anything starts."""
+    from daskann.partition import PartitionTrainer
+
     hidden = opts.get("hidden") or (64,)
     return PartitionTrainer(
         hidden,

@@ -6,19 +6,25 @@ from Python.
 
 from __future__ import annotations
 
-from daskann.plan._cluster import ClusterSpec, cluster_from_dict, load_cluster, write_cluster
-from daskann.plan._measure import measure_cluster
-from daskann.plan._model import (
-    METHODS,
-    Network,
-    Prediction,
-    paper_potential_speedup,
-    plan,
-    predict_mgrit,
-    predict_npt,
-    predict_partition,
-    serial_step_seconds,
-)
+from typing import TYPE_CHECKING
+
+from daskann._lazy import attach
+
+# the names __getattr__ loads on first use (submodules included), for type checkers and readers
+if TYPE_CHECKING:
+    from daskann.plan._cluster import ClusterSpec, cluster_from_dict, load_cluster, write_cluster
+    from daskann.plan._constants import METHODS
+    from daskann.plan._measure import measure_cluster
+    from daskann.plan._model import (
+        Network,
+        Prediction,
+        paper_potential_speedup,
+        plan,
+        predict_mgrit,
+        predict_npt,
+        predict_partition,
+        serial_step_seconds,
+    )
 
 __all__ = [
     "METHODS",
@@ -36,3 +42,23 @@ __all__ = [
     "serial_step_seconds",
     "write_cluster",
 ]
+
+__getattr__, __dir__ = attach(
+    __name__,
+    {
+        "ClusterSpec": "daskann.plan._cluster",
+        "METHODS": "daskann.plan._constants",
+        "Network": "daskann.plan._model",
+        "Prediction": "daskann.plan._model",
+        "cluster_from_dict": "daskann.plan._cluster",
+        "load_cluster": "daskann.plan._cluster",
+        "measure_cluster": "daskann.plan._measure",
+        "paper_potential_speedup": "daskann.plan._model",
+        "plan": "daskann.plan._model",
+        "predict_mgrit": "daskann.plan._model",
+        "predict_npt": "daskann.plan._model",
+        "predict_partition": "daskann.plan._model",
+        "serial_step_seconds": "daskann.plan._model",
+        "write_cluster": "daskann.plan._cluster",
+    },
+)

@@ -37,12 +37,10 @@ from daskann.mgrit._plan import Planner, block_sizes
 from daskann.mgrit.presets import resolve_preset
 from daskann.npt.costmodel import CostModel, candidate_grids
 from daskann.plan._cluster import ClusterSpec
+from daskann.plan._constants import FINETUNE_FRACTION, METHODS
 
-METHODS = ("npt", "mgrit", "partition")
 #: MGRIT iterations added per doubling of the steps beyond the pilot's
 ITERATION_GROWTH_PER_DOUBLING = 1.0
-#: share of the steps the merged network is fine-tuned for (the rest trains the sub-models)
-FINETUNE_FRACTION = 0.25
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""``daskann plan``: which method pays for a network, and on how many workers."""
+"""``daskann plan``: which method pays for a network, and on how many workers.
+
+The models, the cluster and the data load when the command runs, not when
+its options are defined (``daskann --help`` lists this command).
+"""
 
 from __future__ import annotations
 
@@ -7,21 +11,11 @@ import os
 from pathlib import Path
 
 import click
-import numpy as np
 
 from daskann._cli_common import cli_errors, cluster_options, connect, load_data, network_options
-from daskann._json import clean_json
-from daskann._validation import check_float, check_int, invalid
-from daskann.cluster import close
-from daskann.data import DATASETS, make_linear
-from daskann.npt._paper_nets import PAPER_NETS
 from daskann.npt.cli import mode_option
 from daskann.npt.cli import plan_command as npt_plan
-from daskann.plan._cluster import load_cluster, profile_cluster, write_cluster
-from daskann.plan._measure import calibrate_mgrit, measure_cluster
-from daskann.plan._model import FINETUNE_FRACTION, METHODS, Network, mgrit_configs, plan
-from daskann.plan._report import format_plan, format_validation, plot_speedup
-from daskann.plan._runs import pilot_configs, validate
+from daskann.plan._constants import FINETUNE_FRACTION, METHODS
 
 NETS = ("one-hidden", "two-hidden", "two-hidden-256")
 
@@ -72,6 +66,9 @@ def plan_command(ctx, **opts):
     Clusters come measured (the live one), described (--cluster FILE.yaml) or
     from a profile's typical values (--profile slurm).
     """
+    from daskann.plan._model import plan
+    from daskann.plan._report import format_plan, plot_speedup
+
     settings = _check(opts)
     if opts["method"] is None and not (opts["measure"] or opts["validate"] or opts["cluster_file"]):
         return _npt_table(ctx, opts)
@@ -104,6 +101,10 @@ def plan_command(ctx, **opts):
 
 def _check(opts: dict) -> dict:
     """Every flag checked before anything runs."""
+    from daskann._validation import check_float, check_int, invalid
+    from daskann.data import DATASETS
+    from daskann.plan._cluster import load_cluster
+
     if opts["iterations"] is not None:
         check_int("iterations", opts["iterations"])
     if opts["workers"] is not None:
@@ -135,6 +136,12 @@ def _npt_table(ctx, opts: dict):
 
 def _problem(opts: dict, settings: dict):
     """The network, its data (arrays, made or loaded) and the trainer settings of the pilot and validation."""
+    import numpy as np
+
+    from daskann.data import make_linear
+    from daskann.npt._paper_nets import PAPER_NETS
+    from daskann.plan._model import Network
+
     hidden, n_features, n_outputs, name = tuple(opts["hidden"]), opts["n_features"], opts["n_outputs"], None
     if opts["net"] is not None:
         spec = PAPER_NETS[opts["net"]]
@@ -173,6 +180,10 @@ def _problem(opts: dict, settings: dict):
 
 def _cluster(opts: dict, net=None, configs=()):
     """The cluster to predict for, and the MGRIT ``configs`` with their task costs where it is the live one."""
+    from daskann.cluster import close
+    from daskann.plan._cluster import load_cluster, profile_cluster
+    from daskann.plan._measure import calibrate_mgrit, measure_cluster
+
     if opts["cluster_file"] is not None:
         return load_cluster(opts["cluster_file"]), list(configs)
     if opts["profile"] is not None and opts["address"] is None:
@@ -187,6 +198,10 @@ def _cluster(opts: dict, net=None, configs=()):
 
 
 def _measure(opts: dict) -> None:
+    from daskann.cluster import close
+    from daskann.plan._cluster import write_cluster
+    from daskann.plan._measure import measure_cluster
+
     client = connect(opts, quiet=True)
     try:
         cluster = measure_cluster(client)
@@ -198,12 +213,19 @@ def _measure(opts: dict) -> None:
 
 
 def _mgrit_configs(opts: dict, net, hidden, X, y, train) -> list[dict]:
+    from daskann.plan._model import mgrit_configs
+    from daskann.plan._runs import pilot_configs
+
     if opts["iterations"] is not None:
         return [{**c, "iterations": opts["iterations"]} for c in mgrit_configs(net.steps)]
     return pilot_configs(hidden, X, y, train, net.steps)
 
 
 def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) -> None:
+    from daskann.cluster import close
+    from daskann.plan._report import format_validation
+    from daskann.plan._runs import validate
+
     configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
     client = connect(opts, quiet=True)
     try:
@@ -219,4 +241,6 @@ def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) ->
 
 
 def _clean(value):
+    from daskann._json import clean_json
+
     return clean_json(value)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 from collections.abc import Callable
@@ -13,6 +14,9 @@ from daskann.store._history import load_history
 
 #: store kind -> ``verify(path)``, which raises StoreError, OSError or ValueError for a damaged store
 VERIFIERS: dict[str, Callable[[Path], object]] = {}
+#: store kind -> the module that registers its verifier when imported; imported when a store of the kind is met,
+#: so neither this module nor a caller of :func:`verify_path` has to load the method that writes it
+VERIFIER_MODULES: dict[str, str] = {"mgrit-trajectory": "daskann.mgrit._store"}
 
 
 def register_verifier(kind: str, verify: Callable[[Path], object]) -> None:
@@ -21,7 +25,8 @@ def register_verifier(kind: str, verify: Callable[[Path], object]) -> None:
     ``verify`` raises :class:`StoreError` (or ``OSError``/``ValueError``) when
     the store is damaged. A module that defines a store kind registers it when
     imported (``daskann.mgrit._store`` registers MGRIT trajectories), so this
-    module depends on none of them.
+    module depends on none of them; :data:`VERIFIER_MODULES` names the modules
+    of the package's own kinds, imported when their first store is checked.
     """
     VERIFIERS[kind] = verify
 
@@ -55,6 +60,8 @@ def _check_store(path: Path, kind: str | None) -> dict:
     try:
         if kind == "unreadable":
             raise DamagedStoreError("zarr.json is not valid JSON")
+        if kind not in VERIFIERS and kind in VERIFIER_MODULES:
+            importlib.import_module(VERIFIER_MODULES[kind])
         if kind not in VERIFIERS:
             raise StoreError("not a daskann store")
         VERIFIERS[kind](path)
@@ -86,8 +93,8 @@ def verify_path(path) -> dict:
     """Scan a store or a run folder: checksums, missing arrays, orphan temporary files.
 
     Each store is checked by the verifier registered for its kind
-    (:func:`register_verifier`); importing ``daskann`` registers every kind
-    the package writes.
+    (:func:`register_verifier`); the verifiers of every kind the package
+    writes load when a store of their kind is met.
 
     Returns ``{"ok": bool, "items": [{"path", "kind", "status", "detail"}]}``
     where status is ``"ok"``, ``"damaged"`` or ``"orphan"``.
