@@ -5,6 +5,13 @@
 #   sbatch cluster/sbatch-example.sh                 # edit the #SBATCH lines and VENV first
 #   DASKANN_JOBS=4 sbatch cluster/sbatch-example.sh  # 4 worker jobs instead of the profile's scale
 #
+# Runs longer than one allocation: the run folder keeps a checkpoint every 100 steps and this
+# script continues the run it finds there (--resume), so a second job queued behind the first
+# takes over where the first one's walltime stopped it (cluster/README.md, "Runs longer than an
+# allocation"):
+#   first=$(sbatch --parsable cluster/sbatch-example.sh)
+#   sbatch --dependency=afterany:"$first" cluster/sbatch-example.sh
+#
 # Needs: daskann with the hpc extra (dask-jobqueue, cryptography) in a virtualenv on a
 # filesystem the compute nodes share, and sbatch usable from inside a job (most sites allow it).
 # Dashboard: see cluster/README.md (SSH tunnel to the node named in the log).
@@ -26,39 +33,28 @@ source "$VENV/bin/activate"
 # the driver does little numeric work: keep its BLAS on one thread too
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 
-# Either the command line (method commands take --profile / --address / --workers):
-#   daskann train npt --profile slurm --workers "${DASKANN_JOBS:-2}" --output "runs/npt-$SLURM_JOB_ID"
-# or Python, as below.
-python - <<'PY'
-import logging
-import os
+PROFILE="${DASKANN_PROFILE:-slurm}"       # a shipped profile's name or your site's YAML file
+RUN="${DASKANN_RUN:-runs/npt-example}"    # the run folder: checkpoints, history, model
+# the training; any `daskann train npt` options (see `daskann train npt --help`)
+read -r -a TRAINING <<<"${DASKANN_TRAINING:---dataset mnist1d --hidden 256,256 --loss cross_entropy --epochs 5}"
 
-from daskann.cluster import blas_info, client, close
+if [ -e "$RUN/model.zarr" ]; then
+  echo "driver job ${SLURM_JOB_ID:-?}: the run in $RUN is complete, nothing left to train"
+  exit 0
+fi
+resume=()
+if [ -f "$RUN/daskann-run.json" ]; then
+  resume=(--resume)   # an earlier job of this chain started the run: continue it from its last checkpoint
+  last="$(find "$RUN/checkpoints" -maxdepth 1 -name 'step-*.zarr' 2>/dev/null | sort | tail -n 1)"
+  echo "driver job ${SLURM_JOB_ID:-?}: resuming from ${last:-the start}"
+fi
+workers=()
+if [ -n "${DASKANN_JOBS:-}" ]; then
+  workers=(--workers "$DASKANN_JOBS")
+fi
 
-logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-log = logging.getLogger("driver")
-
-
-def main():
-    jobs = int(os.environ["DASKANN_JOBS"]) if os.environ.get("DASKANN_JOBS") else None
-    c = client(profile="slurm", n_workers=jobs)  # logs the dashboard link
-    try:
-        log.info("scheduler %s on %s", c.scheduler.address, os.uname().nodename)
-        c.wait_for_workers(1, timeout=3600)  # worker jobs may queue for a while
-        for worker, libs in sorted(blas_info(c).items()):
-            log.info("%s BLAS %s", worker, libs)
-
-        from daskann.data import make_mnist1d
-        from daskann import NPTTrainer  # or MGRITTrainer, PartitionTrainer
-
-        X, y = make_mnist1d(4000, seed=0)
-        trainer = NPTTrainer((256, 256), loss="cross_entropy", lr=0.05, client=c)
-        trainer.fit(X, y, epochs=5)
-        log.info("final loss %.4f", float(trainer.history_["loss"][-1]))
-    finally:
-        close(c)  # cancels the worker jobs too
-
-
-if __name__ == "__main__":
-    main()
-PY
+echo "driver job ${SLURM_JOB_ID:-?} on $(hostname): run $RUN ${resume[*]}"
+# waits for the worker jobs (daskann.cluster.worker-wait), keeps their number as they reach their
+# walltime, and cancels them when the training ends
+daskann train npt --profile "$PROFILE" "${workers[@]}" "${TRAINING[@]}" \
+  --checkpoint-every "${DASKANN_CHECKPOINT_EVERY:-100}" --output "$RUN" "${resume[@]}" --json

@@ -7,7 +7,9 @@ scheduler through a scheduler file in the submit folder, which all nodes must se
 are submitted: the allocation is the cluster, and it ends with the job (no walltime hand-over).
 
 The tasks talk plain tcp:// inside the allocation; use the profile route (sbatch-example.sh)
-for TLS. See cluster/README.md.
+for TLS. See cluster/README.md. ``DASKANN_SAMPLES``, ``DASKANN_HIDDEN`` and ``DASKANN_EPOCHS``
+size the example's training (4000, "256,256" and 5); ``DASKANN_INTERFACE`` names the network
+device the scheduler and workers listen on (default: the node's host name).
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ log = logging.getLogger("driver")
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     scheduler_file = os.path.join(os.environ.get("SLURM_SUBMIT_DIR", "."), "daskann-scheduler-{job_id}.json")
+    interface = {"interface": os.environ["DASKANN_INTERFACE"]} if os.environ.get("DASKANN_INTERFACE") else {}
     with (
         SLURMRunner(
             scheduler_file=scheduler_file,
             # one thread per worker, as daskann's own clusters; BLAS threads are set in the sbatch script
-            worker_options={"nthreads": 1, "local_directory": os.environ.get("TMPDIR", "/tmp")},
+            worker_options={"nthreads": 1, "local_directory": os.environ.get("TMPDIR", "/tmp"), **interface},
             # the dashboard on the scheduler's node, loopback only: reach it with an SSH tunnel
-            scheduler_options={"dashboard_address": "127.0.0.1:8787"},
+            scheduler_options={"dashboard_address": "127.0.0.1:8787", **interface},
         ) as runner,
         Client(runner) as client,
     ):
@@ -43,9 +46,10 @@ def main() -> None:
         log_dashboard(client)
         for worker, libs in sorted(blas_info(client).items()):
             log.info("%s BLAS %s", worker, libs)
-        X, y = make_mnist1d(4000, seed=0)
-        trainer = NPTTrainer((256, 256), loss="cross_entropy", lr=0.05, client=client)
-        trainer.fit(X, y, epochs=5)
+        X, y = make_mnist1d(int(os.environ.get("DASKANN_SAMPLES", 4000)), seed=0)
+        hidden = tuple(int(width) for width in os.environ.get("DASKANN_HIDDEN", "256,256").split(","))
+        trainer = NPTTrainer(hidden, loss="cross_entropy", lr=0.05, client=client)
+        trainer.fit(X, y, epochs=int(os.environ.get("DASKANN_EPOCHS", 5)))
         log.info("grid %s, final loss %.4f", trainer.grid_, float(trainer.history_["loss"][-1]))
 
 

@@ -15,6 +15,7 @@ import sys
 
 import dask
 import pytest
+import yaml
 from slurm_site import (
     JOB_NAME,
     cancel_all,
@@ -138,3 +139,24 @@ def test_the_command_line_trains_npt_on_a_profile_and_equals_serial(tmp_path):
     assert difference <= 1e-9
     assert "waiting for workers" in npt.stderr
     assert not wait_until_no_jobs(), "the command cancels its worker jobs when it ends"
+
+
+def test_plan_measures_a_profile_cluster(tmp_path):
+    """``daskann plan --measure --profile`` and ``--profile`` of a site profile without typical values."""
+    profile = write_profile(tmp_path)
+    out = tmp_path / "site-measured.yaml"
+    measure = subprocess.run(
+        [sys.executable, "-m", "daskann", "plan", "--measure", "--profile", str(profile), "-o", str(out)],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert measure.returncode == 0, measure.stderr[-3000:]
+    measured = yaml.safe_load(out.read_text())
+    print(measured)
+    assert measured["flop_rate"] > 0 and measured["task_overhead"] > 0 and max(measured["workers"]) >= 2
+    planned = subprocess.run(
+        [sys.executable, "-m", "daskann", "plan", "--method", "partition", "--profile", str(profile), "--json"],
+        capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr[-3000:]
+    assert json.loads(planned.stdout)
+    assert not wait_until_no_jobs(), "plan cancels the worker jobs it started"

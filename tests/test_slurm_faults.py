@@ -192,7 +192,7 @@ def test_npt_resident_rides_through_workers_retiring_at_their_walltime(tmp_path,
     from daskann.npt import NPTTrainer
 
     X, y = data
-    steps = 150000
+    steps = 80000
     with retiring_cluster(tmp_path, "40s", "10s") as (c, seen):
         trainer = NPTTrainer(
             (16,), grid="1x2", mode="resident", client=c, checkpoint={"dir": tmp_path / "run", "every": 5000}, **COMMON

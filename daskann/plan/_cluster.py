@@ -182,11 +182,17 @@ def load_cluster(path) -> ClusterSpec:
     return cluster_from_dict(spec, source=path.name)
 
 
-def profile_cluster(profile: str) -> ClusterSpec:
-    """The typical values a dask-jobqueue profile carries under its ``plan:`` key."""
+def profile_cluster(profile: str, *, missing_ok: bool = False) -> ClusterSpec | None:
+    """The typical values a dask-jobqueue profile carries under its ``plan:`` key.
+
+    A profile without them is refused, or gives None with ``missing_ok`` (the caller then
+    starts the profile's cluster and measures it).
+    """
     path = Path(_profile_path(profile))
     spec = yaml.safe_load(path.read_text()) or {}
     if "plan" not in spec:
+        if missing_ok:
+            return None
         raise invalid("profile", profile, f"a profile with a 'plan:' mapping ({path} has none)")
     return cluster_from_dict(spec["plan"], source=f"plan in {path.name}")
 

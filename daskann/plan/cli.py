@@ -64,7 +64,8 @@ def plan_command(ctx, **opts):
     """Predict training time and speedup of NPT, MGRIT and partitioning per worker count.
 
     Clusters come measured (the live one), described (--cluster FILE.yaml) or
-    from a profile's typical values (--profile slurm).
+    from a profile's typical values (--profile slurm); a profile without them
+    (no 'plan:' mapping) starts its worker jobs and measures them.
     """
     from daskann.plan._model import plan
     from daskann.plan._report import format_plan, plot_speedup
@@ -186,8 +187,11 @@ def _cluster(opts: dict, net=None, configs=()):
 
     if opts["cluster_file"] is not None:
         return load_cluster(opts["cluster_file"]), list(configs)
-    if opts["profile"] is not None and opts["address"] is None:
-        return profile_cluster(opts["profile"]), list(configs)
+    if opts["profile"] is not None and opts["address"] is None and not opts["measure"]:
+        typical = profile_cluster(opts["profile"], missing_ok=True)
+        if typical is not None:
+            return typical, list(configs)
+        # a site profile without typical values: start its cluster and measure it
 
     client = connect(opts, quiet=True)
     try:
