@@ -80,26 +80,34 @@ def addresses_seen(c, during):
 
 # -- one worker job cancelled -------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["graph", "resident"])
-def test_npt_survives_scancel_of_a_cell_job(tmp_path, data, mode):
+def test_npt_survives_scancel_of_a_cell_job_and_waits_for_its_late_replacement(tmp_path, data, mode):
+    """The replacement job comes from the queue 15 s or more later, with a new address: training waits for it.
+
+    ``daskann.npt.regrid-timeout`` (the wait for a nanny's restart in place) is 1 s here, so a run that
+    did not wait for the pending job would go on with one worker for both cells.
+    """
     from daskann.npt import NPTTrainer
 
     X, y = data
     steps, every = (120, 20) if mode == "graph" else (600, 100)
-    with profile_client(tmp_path) as c:
+    with dask.config.set({"daskann.npt.regrid-timeout": "1s"}), profile_client(tmp_path) as c:
         trainer = NPTTrainer(
             (16,), grid="1x2", mode=mode, client=c, checkpoint={"dir": tmp_path / "run", "every": every}, **COMMON
         )
         run = DuringFit(
             lambda: params(trainer.fit(X, y, steps=steps).model_),
             lambda: len(store.list_checkpoints(tmp_path / "run")) >= 1,
-            lambda: scancel_worker(c, trainer.grid_.owner(0, 1)),
+            lambda: (trainer.grid_.owner(0, 1), scancel_worker(c, trainer.grid_.owner(0, 1))),
         )
+        final_workers = set(trainer.grid_.workers)
     assert run.faulted_mid_run and not run.hung, "the job was cancelled while the fit ran, and the fit ended"
     assert run.error is None, repr(run.error)
+    victim, job = run.fault_result
     difference = relative_difference(run.result, serial(data, steps))
-    report(f"npt {mode}: scancel of job {run.fault_result}", at_s=round(run.fault_seconds, 1),
-           seconds=round(run.seconds, 1), recoveries=trainer.recoveries_, difference=f"{difference:.1e}")  # fmt: skip
+    report(f"npt {mode}: scancel of job {job}", at_s=round(run.fault_seconds, 1), seconds=round(run.seconds, 1),
+           recoveries=trainer.recoveries_, workers=len(final_workers), difference=f"{difference:.1e}")  # fmt: skip
     assert trainer.recoveries_ >= 1 and difference <= TOLERANCE
+    assert len(final_workers) == 2 and victim not in final_workers, "the grid is back on two workers, one of them new"
 
 
 def test_npt_resident_without_checkpoint_restarts_from_the_start_or_raises_lost_workers(tmp_path, data):
