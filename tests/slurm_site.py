@@ -174,3 +174,17 @@ class WorkersSeen:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join(10)
+
+
+def release_held_jobs_after(seconds: float) -> threading.Timer:
+    """Release this session's held jobs (``--hold``, reason JobHeldUser) ``seconds`` from now, as a queue would."""
+
+    def release():
+        ids = [job_id for job_id, state, _ in queued_jobs() if state == "PENDING"]
+        if ids:
+            subprocess.run(["scontrol", "release", ",".join(ids)], capture_output=True, timeout=30)
+
+    timer = threading.Timer(seconds, release)
+    timer.daemon = True
+    timer.start()
+    return timer

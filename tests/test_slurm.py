@@ -23,6 +23,7 @@ from slurm_site import (
     params,
     queued_jobs,
     relative_difference,
+    release_held_jobs_after,
     wait_until_no_jobs,
     write_profile,
 )
@@ -41,8 +42,9 @@ def _no_jobs_left():
 
 
 def test_profile_client_waits_for_queued_jobs_and_reports_them(tmp_path, capfd):
-    # the jobs may not start for 8 s (--begin): SLURM holds them pending with reason BeginTime
-    profile = write_profile(tmp_path, cluster={"job_extra_directives": ["--begin=now+8"]})
+    # the jobs are held (reason JobHeldUser) until released 4 s later, as a busy queue would keep them
+    profile = write_profile(tmp_path, cluster={"job_extra_directives": ["--hold"]})
+    release_held_jobs_after(4)
     c = client(profile=profile)
     try:
         workers = c.scheduler_info(n_workers=-1)["workers"]
@@ -54,7 +56,7 @@ def test_profile_client_waits_for_queued_jobs_and_reports_them(tmp_path, capfd):
     err = capfd.readouterr().err
     print(err)
     assert "waiting for workers: 0 of 2 workers connected; jobs: 0 running, 2 pending" in err
-    assert "BeginTime" in err
+    assert "JobHeldUser" in err
     assert not wait_until_no_jobs(), "close() leaves no job in the queue"
 
 
@@ -76,8 +78,9 @@ def test_a_trainer_given_a_cluster_with_queued_jobs_waits_for_them(tmp_path, cap
     from daskann.data import make_linear
     from daskann.npt import NPTTrainer
 
-    cluster, scale = jobqueue_cluster(write_profile(tmp_path, cluster={"job_extra_directives": ["--begin=now+5"]}))
+    cluster, scale = jobqueue_cluster(write_profile(tmp_path, cluster={"job_extra_directives": ["--hold"]}))
     keep_jobs(cluster, scale)
+    release_held_jobs_after(4)
     c = Client(cluster)
     try:
         assert not c.scheduler_info()["workers"]
@@ -117,7 +120,8 @@ def test_bad_profiles_fail_in_one_line_before_any_job(tmp_path, change, key, exp
 
 def test_the_command_line_trains_npt_on_a_profile_and_equals_serial(tmp_path):
     """The issue's first failure: ``daskann train npt --profile`` exited at once, with no worker yet."""
-    profile = write_profile(tmp_path, cluster={"job_extra_directives": ["--begin=now+3"]})
+    profile = write_profile(tmp_path, cluster={"job_extra_directives": ["--hold"]})
+    release_held_jobs_after(4)
     common = ["--dataset", "digits", "--hidden", "64", "--steps", "100", "--json"]
     env = {**os.environ, "DASKANN_SLURM_TEST": JOB_NAME}
     npt = subprocess.run(

@@ -200,10 +200,11 @@ def test_npt_resident_rides_through_workers_retiring_at_their_walltime(tmp_path,
     from daskann.npt import NPTTrainer
 
     X, y = data
-    steps = 80000
-    with retiring_cluster(tmp_path, "40s", "10s") as (c, seen):
+    steps = 12000
+    with retiring_cluster(tmp_path, "20s", "4s") as (c, seen):
+        # checkpoints every second or two: a restart redoes at most that much, whoever leaves next
         trainer = NPTTrainer(
-            (16,), grid="1x2", mode="resident", client=c, checkpoint={"dir": tmp_path / "run", "every": 5000}, **COMMON
+            (16,), grid="1x2", mode="resident", client=c, checkpoint={"dir": tmp_path / "run", "every": 500}, **COMMON
         )
         start = time.monotonic()
         got = params(trainer.fit(X, y, steps=steps).model_)
