@@ -51,6 +51,8 @@ def test_profile_client_waits_for_queued_jobs_and_reports_them(tmp_path, capfd):
         assert len(workers) == 2
         assert all(addr.startswith("tls://127.0.0.1:") for addr in workers)
         assert shared_directory(c) == tmp_path / "shared"
+        # the TLS files every job reads go to the shared folder, in a private folder of their own
+        assert c.cluster.shared_temp_directory == str(tmp_path / "shared" / "daskann-tls")
     finally:
         close(c)
     err = capfd.readouterr().err
