@@ -734,7 +734,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
         if self._checkpoint_dir is None:
             return None
         if history is not None:
-            store.save_history(history, Path(self._checkpoint_dir) / "history.zarr")
+            store.save_history(history, Path(self._checkpoint_dir) / store.HISTORY_STORE)
         ckpt = store.Checkpoint(
             model=model,
             velocity=velocity,

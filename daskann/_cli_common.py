@@ -502,8 +502,8 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
     trainer.fit(dataset.X_train, dataset.y_train, **kwargs)
     seconds = time.perf_counter() - start
     if output is not None:
-        store.save_history(trainer.history_, output / "history.zarr")
-        trainer.save(output / "model.zarr")
+        store.save_history(trainer.history_, output / store.HISTORY_STORE)
+        trainer.save(output / store.MODEL_STORE)
     summary = summarize(
         trainer,
         dataset,

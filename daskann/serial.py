@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from pathlib import Path
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -154,7 +153,7 @@ class SerialTrainer(BaseTrainer):
         if resume is not None:
             ckpt = self._load_resume(resume, settings, data, order)
             model, velocity, done = ckpt.model, ckpt.velocity, ckpt.step
-            history.extend_from(_previous_history(resume, done))
+            history.extend_from(store.run_history(resume, done))
         else:
             model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)
             velocity, done = SGD.init_state(model.params), 0
@@ -256,12 +255,3 @@ class SerialTrainer(BaseTrainer):
 
 def _all_finite(arrays) -> bool:
     return all(np.isfinite(a).all() for a in arrays)
-
-
-def _previous_history(resume, upto: int):
-    """History saved in a resumed run folder, up to the checkpoint's step."""
-    path = Path(resume) / "history.zarr"
-    if not path.exists():
-        return None
-    history = store.load_history(path)
-    return history.sel(step=history["step"] <= upto)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -72,12 +71,3 @@ def _verify_blocks(path: str, blocks) -> None:
     """Task body of :func:`verify_store`: check ``blocks`` (``(array, "i.j")``) of one store."""
     for name, index in blocks:
         store.verify_block(path, name, index)
-
-
-def previous_history(resume, upto: int):
-    """History saved in a resumed run folder, up to the checkpoint's step (None if there is none)."""
-    path = Path(resume) / "history.zarr"
-    if not path.exists():
-        return None
-    history = store.load_history(path)
-    return history.sel(step=history["step"] <= upto)

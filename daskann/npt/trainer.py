@@ -12,7 +12,7 @@ from daskann._history import HistoryRecorder
 from daskann._typing import Activation, Loss, NPTMode
 from daskann.cluster import check_worker_memory, current_client, worker_addresses
 from daskann.nn import MLP, SGD
-from daskann.npt._checkpoints import block_checkpoint_writer, previous_history, verify_store
+from daskann.npt._checkpoints import block_checkpoint_writer, verify_store
 from daskann.npt._engine_options import CHAINS, NPTEngineOptions, check_npt_options, resident_available
 from daskann.npt._graph_run import run_graph
 from daskann.npt._grid_results import GridResults
@@ -199,7 +199,7 @@ class NPTTrainer(GridResults, BaseTrainer):
         """
         settings, data = self._settings, self._data
         if ckpt is not None:
-            history.extend_from(previous_history(resume, ckpt.step))
+            history.extend_from(store.run_history(resume, ckpt.step))
             return RunStart(ckpt.step, path=ckpt.path)
         if init_model is not None:
             model = self._initial_model(settings, data.n_features, data.n_outputs, init_model)

@@ -51,7 +51,7 @@ def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, 
                 continue
             failed.pop(spec.index, None)
             if spec.checkpoint_dir is not None:
-                store.save_history(trainer.history_, Path(spec.checkpoint_dir) / "history.zarr")
+                store.save_history(trainer.history_, Path(spec.checkpoint_dir) / store.HISTORY_STORE)
             results[spec.index] = SubModelResult(
                 index=spec.index,
                 seed=spec.seed,

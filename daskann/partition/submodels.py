@@ -138,7 +138,7 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
     trainer.fit(X, y, steps=spec.steps, validation_data=validation, eval_every=spec.eval_every, resume=resume)
     seconds, cpu_seconds = time.perf_counter() - t0, time.thread_time() - c0
     if spec.checkpoint_dir is not None:
-        store.save_history(trainer.history_, Path(spec.checkpoint_dir) / "history.zarr")
+        store.save_history(trainer.history_, Path(spec.checkpoint_dir) / store.HISTORY_STORE)
     return SubModelResult(
         index=spec.index,
         seed=spec.seed,

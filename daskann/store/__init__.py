@@ -22,6 +22,8 @@ from daskann.store._blocks import (
 )
 from daskann.store._checkpoints import (
     CHECKPOINT_DIR,
+    HISTORY_STORE,
+    MODEL_STORE,
     RUN_MARKER,
     Checkpoint,
     CheckpointInfo,
@@ -33,14 +35,16 @@ from daskann.store._checkpoints import (
     load_checkpoint,
     save_checkpoint,
 )
-from daskann.store._history import load_history, save_history
+from daskann.store._history import load_history, run_history, save_history
 from daskann.store._lock import LOCK_NAME, RunLock
 from daskann.store._run_dir import check_free_space, check_writable_folder, prepare_run_dir
 from daskann.store._verify import register_verifier, verify_path
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "HISTORY_STORE",
     "LOCK_NAME",
+    "MODEL_STORE",
     "RUN_MARKER",
     "BlockArray",
     "Checkpoint",
@@ -63,6 +67,7 @@ __all__ = [
     "read_array_group",
     "read_region",
     "register_verifier",
+    "run_history",
     "save_checkpoint",
     "save_history",
     "stored_blocks",

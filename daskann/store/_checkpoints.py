@@ -14,6 +14,9 @@ from daskann.store._atomic import FORMAT_VERSION, open_group, read_array_group, 
 
 RUN_MARKER = "daskann-run.json"
 CHECKPOINT_DIR = "checkpoints"
+#: a run folder's training history and its final model, beside RUN_MARKER and CHECKPOINT_DIR
+HISTORY_STORE = "history.zarr"
+MODEL_STORE = "model.zarr"
 _CHECKPOINT_NAME = re.compile(r"^step-(\d{8,})\.zarr$")
 
 

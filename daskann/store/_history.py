@@ -10,6 +10,7 @@ import xarray as xr
 
 from daskann.exceptions import DamagedStoreError, StoreError
 from daskann.store._atomic import FORMAT_VERSION, array_digest, atomic_replace_dir, reraise_if_full, temporary_sibling
+from daskann.store._checkpoints import HISTORY_STORE
 
 
 def save_history(history: xr.Dataset, path) -> Path:
@@ -28,6 +29,15 @@ def save_history(history: xr.Dataset, path) -> Path:
         reraise_if_full(exc, target)
         raise
     return target
+
+
+def run_history(run_dir, upto: int) -> xr.Dataset | None:
+    """The history saved in a run folder, up to step ``upto`` (a resumed checkpoint's), or None if it has none."""
+    path = Path(run_dir) / HISTORY_STORE
+    if not path.exists():
+        return None
+    history = load_history(path)
+    return history.sel(step=history["step"] <= upto)
 
 
 def load_history(path) -> xr.Dataset:

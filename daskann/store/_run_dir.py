@@ -10,7 +10,7 @@ from pathlib import Path
 
 from daskann.exceptions import DiskFullError
 from daskann.store._atomic import FORMAT_VERSION, temporary_sibling
-from daskann.store._checkpoints import CHECKPOINT_DIR, RUN_MARKER
+from daskann.store._checkpoints import CHECKPOINT_DIR, HISTORY_STORE, MODEL_STORE, RUN_MARKER
 
 
 def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False, resume: bool = False) -> Path:
@@ -28,12 +28,12 @@ def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False,
             if not marker.exists() and any(path.iterdir()):
                 # refuse to wipe a folder we did not create, even when asked to overwrite
                 for child in path.iterdir():
-                    if child.name not in (RUN_MARKER, CHECKPOINT_DIR, "history.zarr", "model.zarr"):
+                    if child.name not in (RUN_MARKER, CHECKPOINT_DIR, HISTORY_STORE, MODEL_STORE):
                         raise ValueError(
                             f"output={str(path)!r} is not valid: it holds {child.name!r}, which is not part "
                             "of a daskann run; choose an empty or new folder"
                         )
-            for child in (CHECKPOINT_DIR, "history.zarr", "model.zarr"):
+            for child in (CHECKPOINT_DIR, HISTORY_STORE, MODEL_STORE):
                 shutil.rmtree(path / child, ignore_errors=True)
         elif not marker.exists():
             raise ValueError(
