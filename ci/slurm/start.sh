@@ -28,7 +28,7 @@ install_packages() {
   say "installing slurm-wlm and munge"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends slurm-wlm munge >/dev/null
+  apt-get install -y -qq slurm-wlm munge >/dev/null
 }
 
 write_config() {
