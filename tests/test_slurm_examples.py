@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_site import JOB_NAME, cancel_all, needs_slurm, params, relative_difference, write_profile
+from slurm_site import JOB_NAME, cancel_all, needs_slurm, params, relative_difference, wait_until_no_jobs, write_profile
 
 from daskann import load_checkpoint
 
@@ -32,6 +32,7 @@ VENV = Path(sys.prefix) if sys.prefix != sys.base_prefix else None
 def _no_jobs_left():
     yield
     cancel_all()
+    wait_until_no_jobs()  # the next test starts on an empty queue
 
 
 def sbatch(script: str, *options: str, env: dict) -> str:

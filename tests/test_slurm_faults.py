@@ -26,6 +26,7 @@ from slurm_site import (
     processing_on,
     relative_difference,
     scancel_worker,
+    wait_until_no_jobs,
     write_profile,
 )
 
@@ -51,6 +52,7 @@ def data():
 def _no_jobs_left():
     yield
     cancel_all()
+    wait_until_no_jobs()  # the next test starts on an empty queue
 
 
 @contextlib.contextmanager
