@@ -182,18 +182,31 @@ def generations(seen, workers=2) -> float:
     return len(seen.addresses) / workers
 
 
+def steps_lasting(seconds: float, fit, pilot: int, multiple: int) -> int:
+    """Steps that ``fit(steps)`` takes about ``seconds`` for, undisturbed, timed on a ``pilot`` run.
+
+    The retiring tests size their runs by the machine's speed, so that every run spans the same
+    number of worker lifetimes on a faster or a slower machine.
+    """
+    start = time.monotonic()
+    fit(pilot)
+    rate = pilot / (time.monotonic() - start)
+    return max(multiple, int(rate * seconds) // multiple * multiple)
+
+
 def test_npt_graph_rides_through_workers_retiring_at_their_walltime(tmp_path, data):
     from daskann.npt import NPTTrainer
 
     X, y = data
-    steps = 1500
     with retiring_cluster(tmp_path) as (c, seen):
+        pilot = NPTTrainer((16,), grid="1x2", mode="graph", client=c, **COMMON)
+        steps = steps_lasting(60, lambda n: pilot.fit(X, y, steps=n), pilot=100, multiple=50)
         trainer = NPTTrainer(
             (16,), grid="1x2", mode="graph", client=c, checkpoint={"dir": tmp_path / "run", "every": 50}, **COMMON
         )
         got = params(trainer.fit(X, y, steps=steps).model_)
     difference = relative_difference(got, serial(data, steps))
-    report("npt graph, workers retiring", generations=generations(seen), recoveries=trainer.recoveries_,
+    report("npt graph, workers retiring", steps=steps, generations=generations(seen), recoveries=trainer.recoveries_,
            difference=f"{difference:.1e}")  # fmt: skip
     assert generations(seen) >= 3 and difference <= TOLERANCE
 
@@ -202,8 +215,9 @@ def test_npt_resident_rides_through_workers_retiring_at_their_walltime(tmp_path,
     from daskann.npt import NPTTrainer
 
     X, y = data
-    steps = 12000
     with retiring_cluster(tmp_path, "20s", "4s") as (c, seen):
+        pilot = NPTTrainer((16,), grid="1x2", mode="resident", client=c, **COMMON)
+        steps = steps_lasting(40, lambda n: pilot.fit(X, y, steps=n), pilot=1000, multiple=500)
         # checkpoints every second or two: a restart redoes at most that much, whoever leaves next
         trainer = NPTTrainer(
             (16,), grid="1x2", mode="resident", client=c, checkpoint={"dir": tmp_path / "run", "every": 500}, **COMMON
@@ -212,8 +226,8 @@ def test_npt_resident_rides_through_workers_retiring_at_their_walltime(tmp_path,
         got = params(trainer.fit(X, y, steps=steps).model_)
         seconds = round(time.monotonic() - start, 1)
     difference = relative_difference(got, serial(data, steps))
-    report("npt resident, workers retiring", generations=generations(seen), recoveries=trainer.recoveries_,
-           seconds=seconds,
+    report("npt resident, workers retiring", steps=steps, generations=generations(seen),
+           recoveries=trainer.recoveries_, seconds=seconds,
            difference=f"{difference:.1e}")  # fmt: skip
     assert generations(seen) >= 2 and difference <= TOLERANCE
 
@@ -221,7 +235,10 @@ def test_npt_resident_rides_through_workers_retiring_at_their_walltime(tmp_path,
 def test_partition_rides_through_workers_retiring_at_their_walltime(tmp_path, data, client2):
     from daskann.partition import PartitionTrainer
 
-    kw = dict(k=2, merge={"noise": 0.02}, split={"sub_steps": 100000, "retries": 2, "timeout": 240.0}, **COMMON)
+    # each sub-model trains about one lifetime of its workers (10 s), timed on a sub-model's width here: it is
+    # rerun, from its checkpoint, at most split["retries"] times (a budget that progress does not renew)
+    sub_steps = steps_lasting(10, lambda n: SerialTrainer((16, 16), **COMMON).fit(*data, steps=n), 5000, 5000)
+    kw = dict(k=2, merge={"noise": 0.02}, split={"sub_steps": sub_steps, "retries": 6, "timeout": 240.0}, **COMMON)
     reference = PartitionTrainer((32, 32), client=client2, **kw).fit(*data, steps=20)
     with retiring_cluster(tmp_path, "10s", "2s") as (c, seen):
         trainer = PartitionTrainer((32, 32), client=c, checkpoint={"dir": tmp_path / "run", "every": 5000}, **kw)
@@ -230,7 +247,7 @@ def test_partition_rides_through_workers_retiring_at_their_walltime(tmp_path, da
     ref = [p for m in reference.submodels_ for p in m.params] + params(reference.model_)
     difference = relative_difference(got, ref)
     resumed = [r.resumed_from for r in trainer.submodel_results_]
-    report("partition, workers retiring", generations=generations(seen), resumed_from=resumed,
+    report("partition, workers retiring", sub_steps=sub_steps, generations=generations(seen), resumed_from=resumed,
            difference=f"{difference:.1e}")  # fmt: skip
     assert generations(seen) >= 2 and difference <= TOLERANCE
 

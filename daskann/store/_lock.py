@@ -6,6 +6,7 @@ import contextvars
 import json
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -41,19 +42,25 @@ class RunLock:
             return self  # the enclosing training of this context holds it
         self.path.parent.mkdir(parents=True, exist_ok=True)
         owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-        for _ in range(2):
+        deadline = time.monotonic() + _holder_wait()
+        takeovers = 0
+        while True:
             if self._create(owner):
                 self._held = True
                 _HELD_LOCKS.set(held | {self._key()})
                 return self
             holder = self._holder()
-            if holder is not None and not self._is_stale(holder):
+            if holder is None or self._is_stale(holder):
+                if (takeovers := takeovers + 1) > 2:
+                    raise StoreError(f"output={str(self.path.parent)!r}: could not take the run lock")
+                self.path.unlink(missing_ok=True)
+                continue
+            if time.monotonic() >= deadline:
                 raise StoreError(
                     f"output={str(self.path.parent)!r} is being written by another run "
                     f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
                 )
-            self.path.unlink(missing_ok=True)
-        raise StoreError(f"output={str(self.path.parent)!r}: could not take the run lock")
+            time.sleep(0.2)
 
     def _create(self, owner: dict) -> bool:
         """Create the lock file with its content in one step; False if it exists."""
@@ -81,7 +88,11 @@ class RunLock:
         """Refuse, without taking it, a lock that a live run holds (a check before any work starts)."""
         if self._key() in _HELD_LOCKS.get():
             return
-        holder = self._holder() if self.path.exists() else None
+        deadline = time.monotonic() + _holder_wait()
+        while (holder := self._holder() if self.path.exists() else None) is not None and not self._held:
+            if self._is_stale(holder) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
         if holder is not None and not self._held and not self._is_stale(holder):
             raise StoreError(
                 f"{name}={str(self.path.parent)!r} is being written by another run "
@@ -128,3 +139,20 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _holder_wait() -> float:
+    """Seconds a task on a Dask worker waits for a live holder of its lock (``daskann.store.lock-wait-in-task``).
+
+    A task rerun after its worker left may find the lock of its first run still held: a worker retiring
+    at its ``--lifetime`` finishes the task it runs while the scheduler has already given it to another
+    worker. Outside a task (a user's fit) a held lock is refused at once.
+    """
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return 0.0
+    try:
+        distributed.get_worker()
+    except ValueError:
+        return 0.0
+    return settings.seconds("store.lock-wait-in-task")
