@@ -36,6 +36,18 @@ def _dask_test_config():
         yield
 
 
+@pytest.fixture
+def mgrit_study(monkeypatch):
+    """MGRITTrainer's adaptive fits solve whatever their prediction and cost (``daskann.mgrit.solve="study"``).
+
+    For tests of the solver and its adaptive ladder on problems too small for MGRIT to pay, where the default
+    policy would train serially; the command lines the test starts inherit it through the environment.
+    """
+    monkeypatch.setenv("DASK_DASKANN__MGRIT__SOLVE", "study")
+    with dask.config.set({"daskann.mgrit.solve": "study"}):
+        yield
+
+
 class ClusterFactory:
     """``factory(n)`` gives a client on a cached ``n``-worker process cluster."""
 

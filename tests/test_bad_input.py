@@ -41,6 +41,9 @@ from daskann.nn import MLP
 from daskann.npt import NPTEngineOptions, NPTTrainer
 from daskann.partition import PartitionMergeOptions, PartitionSplitOptions, PartitionTrainer
 
+# MGRIT fits here must run the solve, which the default policy skips for problems this small
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 

@@ -30,6 +30,9 @@ from daskann.mgrit import MGRITTrainer
 from daskann.npt import NPTTrainer
 from daskann.partition import PartitionTrainer
 
+# MGRIT fits here must run the solve, which the default policy skips for problems this small
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 #: key names of the checks and of reading the data (no training task has one of these)
 # the checks: per-chunk summaries, and for class labels their unique values and positions in classes_
 CHECK_KEYS = re.compile(

@@ -37,6 +37,9 @@ from daskann.mgrit import MGRITTrainer
 from daskann.npt import NPTTrainer
 from daskann.partition import PartitionTrainer
 
+# MGRIT fits here must run the solve, which the default policy skips for problems this small
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 PREFIX = re.compile(r"^daskann-(npt|mgrit|partition)-[0-9a-f]{12}")
 #: keys of ``client.scatter(..., hash=False)``: random, one per call, without the run prefix
 RANDOM = re.compile(r"^[A-Za-z_]+-[0-9a-f]{32}$")
@@ -158,7 +161,8 @@ def _train(name, address, X, y):
 def solo(client4, data):
     """Each configuration trained alone on the cluster."""
     X, y = data
-    return {name: _train(name, client4.scheduler.address, X, y)[0] for name in CONFIGS}
+    with dask.config.set({"daskann.mgrit.solve": "study"}):  # a module fixture: before the tests' own
+        return {name: _train(name, client4.scheduler.address, X, y)[0] for name in CONFIGS}
 
 
 def _run_at_once(client4, data, names):

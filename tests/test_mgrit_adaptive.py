@@ -14,6 +14,9 @@ from daskann.data import load_dataset, make_linear
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged
 from daskann.mgrit import Adaptation, MGRITTrainer
 
+# these tests study the solver on problems too small for MGRIT to pay
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 ENDINGS = {"converged", "adapted", "serial-fallback"}
 
 

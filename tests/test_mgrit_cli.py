@@ -10,6 +10,9 @@ import pytest
 from click.testing import CliRunner
 from conftest import run_notebook
 
+# MGRIT fits here must run the solve, which the default policy skips for problems this small
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

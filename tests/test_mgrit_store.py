@@ -15,6 +15,9 @@ from daskann import SerialTrainer, StoreError
 from daskann.data import make_linear
 from daskann.mgrit import MGRIT, MGRITDiverged, MGRITTrainer, _store, linear
 
+# MGRIT fits here must run the solve, which the default policy skips for problems this small
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 
 class Interrupt(Exception):
     pass

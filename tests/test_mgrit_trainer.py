@@ -14,6 +14,9 @@ from daskann.data import make_linear
 from daskann.mgrit import MGRITDiverged, MGRITNotConverged, MGRITTrainer
 from daskann.mgrit.presets import resolve_preset
 
+# these tests study the solver on problems too small for MGRIT to pay
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 # -- converged training equals serial training ---------------------------------------------------------------
 
 

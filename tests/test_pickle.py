@@ -28,6 +28,9 @@ from daskann import MGRITTrainer, NPTTrainer, PartitionTrainer
 from daskann._client_reference import resolve_client_reference
 from daskann.cluster import local_cluster
 
+# MGRIT fits here must run the solve, which the default policy skips for problems this small
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 SETTINGS = dict(loss="cross_entropy", lr=0.1, batch_size=32, epochs=2, sgd={"momentum": 0.5})
 #: one trainer of each parallel method and mode: name -> trainer on client ``c``
 TRAINERS = {

@@ -12,6 +12,9 @@ from daskann import MGRITTrainer, NPTTrainer, PartitionTrainer, SerialTrainer
 from daskann._progress import ProgressBar
 from daskann.data import make_linear
 
+# MGRIT fits here must run the solve, which the default policy skips for problems this small
+pytestmark = pytest.mark.usefixtures("mgrit_study")
+
 LINE = re.compile(r"^(?P<label>[\w -]+): (?P<done>\d+)/(?P<total>\d+) (?P<unit>[\w-]+)s \(\d+%\), [\d.]+ s")
 
 

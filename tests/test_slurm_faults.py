@@ -35,7 +35,8 @@ from daskann.cluster import client, close
 from daskann.data import make_linear
 from daskann.exceptions import LostWorkersError
 
-pytestmark = needs_slurm
+# MGRIT fits here must run the solve, which the default policy skips for problems this small
+pytestmark = [needs_slurm, pytest.mark.usefixtures("mgrit_study")]
 
 TOLERANCE = 1e-9
 COMMON = dict(lr=0.05, batch_size=20, seed=3, sgd={"momentum": 0.9})

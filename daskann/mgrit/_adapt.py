@@ -224,16 +224,16 @@ def finish_serially(prop, layout, start: int, vector: np.ndarray, n_steps: int, 
     TrainingDiverged
         Serial training itself became non-finite (the training step named).
     """
-    state = tuple(np.array(a) for a in layout.unpack(np.array(vector)))
+    vector = np.array(vector)
     velocity = None
     with np.errstate(all="ignore"), one_blas_thread():  # as SerialTrainer and the workers compute it
         for i in range(start, n_steps):
             if i == n_steps - 1 and not prop.velocity:
-                velocity = prop.gradient(state, i)
-            state = prop.fine_step(state, i)
-            if not all(np.all(np.isfinite(a)) for a in state):
+                velocity = prop.gradient(layout.unpack(vector), i)
+            prop.step_flat(vector, i, i + 1, 0, out=vector)  # fine_step's arithmetic, in place
+            if not math.isfinite(vector.sum()):  # a sum is non-finite where any term is (or it overflows)
                 raise TrainingDiverged(step_offset + i + 1, "the weights")
-    return state, velocity
+    return tuple(np.array(a) for a in layout.unpack(vector)), velocity
 
 
 def result_records(result: MGRITResult) -> list[IterationRecord]:

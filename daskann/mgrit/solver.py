@@ -100,7 +100,7 @@ class MGRITResult:
     Attributes
     ----------
     converged : bool
-    status : {"converged", "max_iter"}
+    status : {"converged", "max_iter", "stopped"}
     iterations : int
     residuals : list of float
         Residual norm after each iteration.
@@ -139,10 +139,15 @@ class MGRITResult:
         The paper's potential speedup ``N / sigma`` (eqs. 16-17,
         :func:`daskann.mgrit.workmodel.paper_speedup`), beside daskann's own
         work model (:meth:`speedup`).
-    ended : {"", "converged", "adapted", "serial-fallback"}
+    ended : {"", "converged", "adapted", "serial-fallback", "serial-predicted"}
         How an :class:`~daskann.mgrit.MGRITTrainer` fit ended: converged as
-        configured, converged after adapting the solver, or finished by serial
-        propagation from the last trusted point (``""`` for a plain solve).
+        configured, converged after adapting the solver, finished by serial
+        propagation from the last trusted point, or trained serially because
+        MGRIT was predicted not to pay (``""`` for a plain solve).
+    forecast : dict or None
+        The trainer's prediction of MGRIT's time against serial training's
+        (:class:`daskann.mgrit._payoff.Forecast`), before the solve and, where
+        the solve ran, from its first iterations (``"pilot"``).
     adaptations : list of Adaptation
         The trainer's attempts, one record each (:mod:`daskann.mgrit._adapt`):
         the change, outcome, iterations, work units and seconds of each.
@@ -176,6 +181,7 @@ class MGRITResult:
     potential_speedup: float = math.nan
     ended: str = ""
     adaptations: list = field(default_factory=list)
+    forecast: dict | None = None
 
     def trajectory(self) -> list[tuple]:
         """Every fine point ``u_0 .. u_N`` as states (needs ``store_fine=True``)."""
@@ -231,6 +237,7 @@ class MGRITResult:
             "potential_speedup": None if math.isnan(self.potential_speedup) else self.potential_speedup,
             "ended": self.ended,
             "adaptations": [a.to_dict() for a in self.adaptations],
+            "forecast": self.forecast,
         }
 
 
@@ -291,7 +298,10 @@ class MGRIT:
         of the smallest residual so far; None disables the check. Non-finite
         states are always an error.
     callback : callable, optional
-        ``callback(IterationInfo)`` after each iteration.
+        ``callback(IterationInfo)`` after each iteration. A callback that
+        raises :class:`StopIteration` ends the solve after that iteration
+        (as :func:`scipy.optimize.minimize`'s does), with status
+        ``"stopped"`` unless the iteration converged.
     scheduler : None, "inprocess", "sync", "threads", "distributed" or distributed.Client
         Where the tasks run: in this process on numpy arrays (None), on dask's
         local schedulers, or on a cluster (tasks read and write a zarr store);
@@ -558,7 +568,12 @@ class MGRIT:
             run.check_stable(k, norms)
             converged = run.converged()
             run.commit(k, "converged" if converged else "running")
-            self._report(run, k, record, converged)
+            try:
+                self._report(run, k, record, converged)
+            except StopIteration:
+                if not converged:
+                    run.finish("stopped")
+                    return "stopped"
             if converged:
                 return "converged"
         run.finish("max_iter")

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import math
+import os
 import shutil
 import time
 import warnings
@@ -25,10 +26,11 @@ from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, CycleType, Loss, MGRITScheduler
 from daskann._validation import check_choice, invalid
-from daskann.cluster import check_worker_memory, current_sync_client, shared_directory
+from daskann.cluster import check_worker_memory, current_sync_client, shared_directory, worker_addresses
 from daskann.data import BatchOrder
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
-from daskann.mgrit import _adapt
+from daskann.mgrit import _adapt, _payoff
+from daskann.mgrit._levels import check_hierarchy
 from daskann.mgrit.presets import PRESETS, resolve_preset
 from daskann.mgrit.problem import StateLayout
 from daskann.mgrit.propagators import SGDPropagator
@@ -72,6 +74,13 @@ class _FitRun:
     # without momentum the state carries no velocity: the final step's gradient, or a point to compute it from
     final_velocity: list | None = None
     before_last: tuple | None = None
+    policy: str = "study"  # the setting daskann.mgrit.solve (strict fits: "study")
+    forecast: _payoff.Forecast | None = None  # before the solve
+    pilot: _payoff.Forecast | None = None  # from the solve's first iterations
+    pilot_seconds: list = field(default_factory=list)  # the first attempt's iterations, for the pilot
+    pilot_residuals: list = field(default_factory=list)
+    stopped: str = ""  # why the pay check stopped the solve
+    warned: bool = False  # MGRITDidNotPay said already
 
     @property
     def scheduler(self) -> str:
@@ -373,19 +382,72 @@ class MGRITTrainer(BaseTrainer):
         run = self._prepare_fit(X, y, steps, epochs, validation_data, eval_every, init_model, resume)
         solver = self._plan_solver(run)
         solver._check()  # every solver option, before the reference run and before any task
+        if not run.solver["require_convergence"]:
+            run.forecast = self._forecast(run)  # recorded in result_ whatever the policy
+        if run.policy == "predict" and not run.forecast.pays:
+            warnings.warn(run.forecast.message(), MGRITDidNotPay, stacklevel=2)  # before any solver task
+            run.warned = True
+            self._run_solve(run, None, reference, X, y)
+            return self
         result = self._run_solve(run, solver, reference, X, y)
-        self._warn_if_unpaid(result)
+        if not run.warned:
+            self._warn_if_unpaid(result)
         return self
 
-    def _run_solve(self, run: _FitRun, solver: MGRIT, reference, X, y) -> MGRITResult:
-        """The reference run and the solve (strict or adaptive), which sets the fitted state."""
+    def _run_solve(self, run: _FitRun, solver: MGRIT | None, reference, X, y) -> MGRITResult:
+        """The reference run and the solve (strict or adaptive; None: serial training), which sets the fitted state."""
         # over the iteration budget: a converged run stops short of it
         run.bar = self._progress_bar(run.options["max_iter"], "mgrit", unit="iteration")
         with self._run_lock(), run.bar:  # the folder is this run's until its checkpoint is written
             run.reference = self._reference(reference, X, y, run.model, run.resume, run.total, run.solver)
-            strict = run.solver["require_convergence"]
-            result = self._solve(run, solver) if strict else self._solve_adaptive(run, solver)
+            if solver is None:
+                result = self._train_serially(run)
+            elif run.solver["require_convergence"]:
+                result = self._solve(run, solver)
+            else:
+                result = self._solve_adaptive(run, solver)
             self._finish_fit(run, result)
+        return result
+
+    def _forecast(self, run: _FitRun) -> _payoff.Forecast:
+        """MGRIT's least time on the fit's workers against serial training's, before any task."""
+        settings, data = run.settings, run.data
+        step = _payoff.step_seconds(run.model, data.X, data.y, settings["loss"], settings["batch_size"])
+        return _payoff.forecast(
+            run.options,
+            run.total - run.done,
+            self._forecast_workers(run.scheduler),
+            step,
+            scheduler=run.scheduler,
+            lr=settings["lr"],
+            momentum=settings["momentum"],
+        )
+
+    def _forecast_workers(self, scheduler: str) -> int:
+        """Workers the solve's tasks would run on: the client's (a batch cluster's jobs to come counted), else
+        the embedded cluster's one per core; one in this process."""
+        if scheduler in ("inprocess", "sync"):
+            return 1
+        cores = os.cpu_count() or 1
+        if scheduler == "threads":
+            return int(dask.config.get("num_workers", None) or cores)
+        c = self.client if self.client is not None else current_sync_client()
+        if c is None:
+            return cores
+        from daskann import _batch  # distributed's clients only
+
+        connected = len(worker_addresses(c))
+        if _batch.is_batch_cluster(getattr(c, "cluster", None)):
+            return max(connected, _batch.expected(c))
+        return max(connected, 1)
+
+    def _train_serially(self, run: _FitRun) -> MGRITResult:
+        """Serial training in MGRIT's stead, where it was predicted not to pay: the fit's steps from its start."""
+        hierarchy = check_hierarchy(run.total - run.done, run.options["levels"], run.options["cfactor"])
+        run.t0 = time.perf_counter()
+        result = self._serial_finish(run, None, [], [], None, hierarchy, run.t0, "serial-predicted")
+        # the history's one row, iteration 0: no MGRIT iteration ran; the final weights' error and validation
+        run.history.append(0, **self._history_row(run, math.nan, 0, result.state))
         return result
 
     def _forget_fit(self) -> None:
@@ -399,6 +461,7 @@ class MGRITTrainer(BaseTrainer):
         settings = self._check_settings(eval_every)
         options = self._solver_options()
         solver, engine = self._group_options()
+        policy = "study" if solver["require_convergence"] else _payoff.policy()
         shared = self._shared_directory(engine)  # a bad setting fails here, before the data is read on a cluster
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
@@ -412,9 +475,29 @@ class MGRITTrainer(BaseTrainer):
         if total <= done:
             raise invalid("steps", total, f"more than the {done} steps the resumed checkpoint holds")
         options = self._levels_for(options, total - done)
+        if policy == "force" and options["levels"] < 2:
+            least = MIN_COARSE * _first(options["cfactor"])
+            raise invalid(
+                "steps",
+                total - done,
+                f"at least {least} steps to solve: daskann.mgrit.solve='force' asks for an MGRIT solve, which needs "
+                "two levels",
+            )
         self._check_checkpoint_space(settings, model.sizes, done, total, count=1)  # one, at the end
         return _FitRun(
-            settings, options, solver, engine, data, order, total, model, velocity, done, resume, shared=shared
+            settings,
+            options,
+            solver,
+            engine,
+            data,
+            order,
+            total,
+            model,
+            velocity,
+            done,
+            resume,
+            shared=shared,
+            policy=policy,
         )
 
     def _shared_directory(self, engine: dict) -> Path | None:
@@ -527,15 +610,56 @@ class MGRITTrainer(BaseTrainer):
 
     def _record_iteration(self, run: _FitRun, info) -> None:
         """The solver's callback: one history row per MGRIT iteration."""
-        row = {"residual": info.residual, "time": time.perf_counter() - run.t0, "attempt": run.attempt}
-        if run.reference is not None:
-            params = np.concatenate([a.ravel() for a in info.state[: len(run.model.params)]])
-            row["error"] = float(np.linalg.norm(params - run.reference) / np.linalg.norm(run.reference))
-        if run.data.validation is not None:
-            current, _ = run.prop.split(info.state)
-            row["val_loss"] = self._evaluate(current, run.data.validation, run.settings["loss"])["val_loss"]
+        row = self._history_row(run, info.residual, run.attempt, info.state)
         run.history.append(run.iter_offset + info.iteration, **row)
         run.bar.update(run.iter_offset + info.iteration, residual=info.residual)
+        self._check_payoff(run, info)
+
+    def _history_row(self, run: _FitRun, residual: float, attempt: int, state) -> dict:
+        """A history row: the residual, the time so far, and the error and validation loss of ``state``'s weights."""
+        row = {"residual": residual, "time": time.perf_counter() - run.t0, "attempt": attempt}
+        if run.reference is not None:
+            params = np.concatenate([a.ravel() for a in state[: len(run.model.params)]])
+            row["error"] = float(np.linalg.norm(params - run.reference) / np.linalg.norm(run.reference))
+        if run.data.validation is not None:
+            current, _ = run.prop.split(state)
+            row["val_loss"] = self._evaluate(current, run.data.validation, run.settings["loss"])["val_loss"]
+        return row
+
+    def _check_payoff(self, run: _FitRun, info) -> None:
+        """Stop the solve (:class:`StopIteration`) once it cannot pay, or its first iterations predict no gain."""
+        if run.forecast is None or info.converged:
+            return
+        spent, serial = time.perf_counter() - run.t0, run.forecast.serial_seconds
+        if run.policy != "study" and _payoff.cost_lost(spent, serial):
+            run.stopped = f"its iterations took {spent:.3g} s, more than serial training's {serial:.3g} s"
+            raise StopIteration
+        if run.attempt > 0 or run.pilot is not None:
+            return
+        run.pilot_seconds.append(info.seconds)
+        run.pilot_residuals.append(info.residual)
+        if info.iteration != _payoff.MIN_ITERATIONS:
+            return
+        hierarchy = check_hierarchy(run.total - run.done, run.options["levels"], run.options["cfactor"])
+        # FCF relaxation makes two more C-points exact each iteration: no solve takes longer than that
+        most = (
+            math.ceil(hierarchy.n_intervals(0) / 2) if _first(run.options["cf_iter"]) > 0 else hierarchy.n_intervals(0)
+        )
+        run.pilot = _payoff.pilot_forecast(
+            run.pilot_residuals,
+            run.pilot_seconds,
+            spent,
+            run.options["tol"],
+            serial,
+            run.forecast.workers,
+            run.forecast.step_seconds,
+            most_iterations=most,
+        )
+        if run.policy == "predict" and not run.pilot.pays:
+            warnings.warn(run.pilot.message(), MGRITDidNotPay, stacklevel=2)
+            run.warned = True
+            run.stopped = "predicted not to pay from its first iterations"
+            raise StopIteration
 
     def _solve(self, run: _FitRun, solver: MGRIT) -> MGRITResult:
         run.t0 = run.t0 or time.perf_counter()  # the history's time runs on over every attempt
@@ -565,6 +689,8 @@ class MGRITTrainer(BaseTrainer):
                 result = self._solve(run, solver)
                 new = _adapt.result_records(result)
                 outcome, reason, template = ("converged" if result.converged else "max_iter"), result.status, result
+                if result.status == "stopped":  # the pay check: no further attempt
+                    outcome, reason = "stopped", run.stopped
             except MGRITDiverged as exc:
                 new = list(getattr(exc, "records", []))
                 stalled = getattr(exc, "stalled", False)
@@ -591,6 +717,8 @@ class MGRITTrainer(BaseTrainer):
                 ended = "converged" if run.attempt == 0 else "adapted"
                 return self._combined(run, template, records, adaptations, result.state, ended, t_start, hierarchy)
             run.iter_offset += len(new)
+            if outcome == "stopped":
+                break
             left = budget - len(records)
             coarse = options["coarse"]
             spans = [hierarchy.span(lvl) for lvl in range(1, hierarchy.n_levels)]
@@ -606,22 +734,25 @@ class MGRITTrainer(BaseTrainer):
             run.attempt += 1
             initial = _adapt.initial_guess(kept, StateLayout.from_state(run.u0).pack(run.u0), hierarchy.cfactors[0])
             solver = self._plan_solver(run, options, initial=initial, budget=left)
-        return self._serial_finish(run, template, records, adaptations, kept, hierarchy, t_start)
+        predicted = run.policy == "predict" and run.pilot is not None and not run.pilot.pays
+        ended = "serial-predicted" if predicted else "serial-fallback"
+        return self._serial_finish(run, template, records, adaptations, kept, hierarchy, t_start, ended)
 
-    def _serial_finish(self, run, template, records, adaptations, kept, hierarchy, t_start) -> MGRITResult:
+    def _serial_finish(self, run, template, records, adaptations, kept, hierarchy, t_start, ended) -> MGRITResult:
         """Propagate serially from the last point the kept iterate holds exactly."""
         t0 = time.perf_counter()
         layout = StateLayout.from_state(run.u0)
         n_steps = run.total - run.done
         # a state without velocity finishes with a step, whose gradient is the final velocity
         before = None if run.prop.velocity else n_steps
-        start, vector = _adapt.trusted_start(kept, layout.pack(run.u0), hierarchy.cfactors[0], before=before)
+        cfactor = hierarchy.cfactors[0] if hierarchy.cfactors else 1  # one level: nothing kept
+        start, vector = _adapt.trusted_start(kept, layout.pack(run.u0), cfactor, before=before)
         state, run.final_velocity = self._finish(run, start, vector)
         steps = float(n_steps - start)
         reason = f"steps {start}..{n_steps} serially"
         serial = _adapt.Adaptation(run.attempt + 1, "serial", {"start": start}, "serial", reason, 0, steps, steps, 0.0)
         adaptations.append(dataclasses.replace(serial, seconds=time.perf_counter() - t0))
-        return self._combined(run, template, records, adaptations, state, "serial-fallback", t_start, hierarchy)
+        return self._combined(run, template, records, adaptations, state, ended, t_start, hierarchy)
 
     @staticmethod
     def _finish(run: _FitRun, start: int, vector) -> tuple:
@@ -636,9 +767,10 @@ class MGRITTrainer(BaseTrainer):
         """One result over every attempt (and the serial finish)."""
         n_steps = run.total - run.done
         serial = sum(a.work for a in adaptations if a.outcome == "serial")
+        solved = ended in ("converged", "adapted")
         fields = {
-            "converged": ended != "serial-fallback",
-            "status": "converged" if ended != "serial-fallback" else "serial-fallback",
+            "converged": solved,
+            "status": "converged" if solved else ended,
             "ended": ended,
             "adaptations": adaptations,
             "solve_time": time.perf_counter() - t_start,
@@ -651,6 +783,7 @@ class MGRITTrainer(BaseTrainer):
             )
         result = _adapt.combined_result(template, records, state, **fields)
         result.potential_speedup = _adapt.combined_paper_speedup(result, hierarchy, serial)
+        result.forecast = _forecast_record(run)
         return result
 
     def _warn_if_unpaid(self, result: MGRITResult) -> None:
@@ -662,7 +795,7 @@ class MGRITTrainer(BaseTrainer):
         if not result.ended:
             return
         path = sum(a.critical_path for a in result.adaptations)
-        if result.ended == "serial-fallback" or path >= result.n_steps:
+        if result.ended in ("serial-fallback", "serial-predicted") or path >= result.n_steps:
             work = sum(a.work for a in result.adaptations)
             warnings.warn(
                 f"MGRIT did not pay: it ended {result.ended!r} after {len(result.adaptations)} attempt(s) and "
@@ -684,6 +817,8 @@ class MGRITTrainer(BaseTrainer):
             # every attempt and the serial finish, not the iterations alone
             path = sum(a.critical_path for a in result.adaptations)
             attrs["mgrit_speedup_unlimited"] = result.n_steps / path if path else float("nan")
+        if result.forecast is not None:
+            attrs["mgrit_forecast"] = json.dumps(result.forecast, default=str)
         self.history_ = run.history.to_dataset({**self._history_attrs(run.settings), **attrs})
         if not result.converged and run.solver["require_convergence"]:
             raise MGRITNotConverged(result)
@@ -745,6 +880,22 @@ class MGRITTrainer(BaseTrainer):
         if not isinstance(reference, MLP):
             raise invalid("reference", type(reference).__name__, "a SerialTrainer, an MLP, 'serial' or None", TypeError)
         return np.concatenate([p.ravel() for p in reference.params]).astype(np.float64)
+
+
+def _forecast_record(run: _FitRun) -> dict | None:
+    """The fit's forecasts for ``result_.forecast``: before the solve, and from its first iterations."""
+    if run.forecast is None:
+        return None
+    record = {"policy": run.policy, **run.forecast.to_dict()}
+    if run.pilot is not None:
+        record["pilot"] = run.pilot.to_dict()
+    if run.stopped:
+        record["stopped"] = run.stopped
+    return record
+
+
+def _first(value):
+    return value[0] if isinstance(value, (list, tuple)) else value
 
 
 def _finish_on_worker(prop, layout, start: int, vector, n_steps: int, offset: int, X, y):

@@ -13,6 +13,7 @@ import uuid
 import warnings
 from dataclasses import replace
 
+import dask
 import numpy as np
 import zarr
 
@@ -158,8 +159,9 @@ def _mgrit_task_cost(
     config = {k: config[k] for k in ("preset", "levels", "cfactor")}
     solver = {"levels": config["levels"], "cfactor": config["cfactor"], "max_iter": iterations, "tol": 1e-300}
     trainer = MGRITTrainer(net.sizes[1:-1], **settings, preset=config["preset"], solver=solver, client=client)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the pilot's convergence does not matter, its timing does
+    # every iteration, whatever it costs: the pilot's convergence does not matter, its timing does
+    with warnings.catch_warnings(), dask.config.set({"daskann.mgrit.solve": "study"}):
+        warnings.simplefilter("ignore")
         trainer.fit(X, y, steps=steps)
     times = trainer.result_.iteration_times
     measured = float(np.median(times[1:] if len(times) > 1 else times))  # the first also warms the workers up

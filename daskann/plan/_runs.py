@@ -7,6 +7,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 
+import dask
 import numpy as np
 
 from daskann.cluster import worker_addresses
@@ -60,8 +61,9 @@ def pilot_configs(hidden, X, y, settings: dict, steps: int, *, pilot_steps: int 
             engine={"scheduler": "inprocess"},
         )
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a pilot that does not pay says so: the plan reports it
+            # the solve whatever it costs (a pilot that does not pay says so: the plan reports it)
+            with warnings.catch_warnings(), dask.config.set({"daskann.mgrit.solve": "study"}):
+                warnings.simplefilter("ignore")
                 trainer.fit(X, y, steps=n)
         except (MGRITDiverged, FloatingPointError, ValueError):
             continue
@@ -261,7 +263,7 @@ def _run_mgrit(client, hidden, X, y, settings, steps, config) -> float:
         solver={"levels": config["levels"], "cfactor": config["cfactor"], "require_convergence": False},
         client=client,
     )
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), dask.config.set({"daskann.mgrit.solve": "study"}):  # the solve it predicted
         warnings.simplefilter("ignore")
         trainer.fit(X, y, steps=steps)
     first, *later = trainer.result_.iteration_times
