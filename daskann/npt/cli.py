@@ -135,7 +135,6 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     from daskann._validation import check_hidden_sizes, check_int
     from daskann.cluster import close, worker_addresses
     from daskann.npt import costmodel
-    from daskann.npt.trainer import resident_available
 
     sizes = (check_int("n_features", n_features), *check_hidden_sizes(hidden), check_int("n_outputs", n_outputs))
     batch_size = check_int("batch_size", batch_size)
@@ -148,7 +147,6 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
             batch_size,
             n_workers=n_workers,
             mode=mode,
-            resident_available=resident_available(),
             itemsize=np.dtype(dtype).itemsize,
         )
     finally:
