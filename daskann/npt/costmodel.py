@@ -332,27 +332,12 @@ def _measure_tasks(client, workers, n_tasks: int = 120, chain: int = 24) -> tupl
 def _measure_transfers(client, workers, task_latency: float, nbytes: int = 8 * 2**20) -> tuple[float, float]:
     if len(workers) < 2:
         return task_latency, 1e9
-    try:
-        # the resident engine may not be importable here: then the transfers are timed by tasks
-        from daskann.npt.resident import exchange_latency
+    # imported on first use, so that importing the cost model does not load the resident engine
+    from daskann.npt.resident import exchange_latency
 
-        times = exchange_latency(client, sizes=[8192, nbytes], repeats=5, workers=workers[:2])
-        small, large = times[8192], times[nbytes]
-        return float(small), float(nbytes / max(large - small, 1e-6))
-    except ImportError:
-        pass
-    # fall back on tasks: a hop carrying a big block minus a hop carrying nothing
-    name = f"daskann-npt-cost-{uuid.uuid4().hex[:10]}"
-    builder = GraphBuilder(client, name)
-    hops = 4
-    prev = builder.add(f"{name}-0", _make, nbytes, owner=workers[0])
-    for k in range(1, hops + 1):
-        prev = builder.add(f"{name}-{k}", _make, nbytes, builder.ref(prev), owner=workers[k % 2])
-    t0 = time.perf_counter()
-    futures = builder.submit([prev])
-    client.gather(list(futures.values()))
-    per_hop = (time.perf_counter() - t0) / (hops + 1)
-    return task_latency, float(nbytes / max(per_hop - task_latency, 1e-4))
+    times = exchange_latency(client, sizes=[8192, nbytes], repeats=5, workers=workers[:2])
+    small, large = times[8192], times[nbytes]
+    return float(small), float(nbytes / max(large - small, 1e-6))
 
 
 def format_table(table: list[dict]) -> str:
