@@ -472,6 +472,7 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
     """
     from daskann import store
     from daskann._base import constructor_arguments
+    from daskann._json import clean_json
 
     dataset = load_data(opts)
     settings = trainer_settings(opts, dataset)
@@ -485,7 +486,7 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
         store.prepare_run_dir(
             output,
             method=method,
-            config=_json_safe(settings),
+            config=clean_json(settings, finite=False),
             overwrite=opts.get("overwrite", False),
             resume=bool(opts.get("resume")),
         )
@@ -514,10 +515,6 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
     )
     print_summary(summary, opts.get("as_json", False))
     return summary
-
-
-def _json_safe(settings: dict) -> dict:
-    return json.loads(json.dumps(settings, default=str))
 
 
 __all__ = [

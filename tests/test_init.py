@@ -19,7 +19,6 @@ from daskann.data import make_linear
 from daskann.nn import init_bias_block, init_weight_block
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
-from daskann.npt.trainer import resident_available
 
 SIZES = (300, 130, 7)  # crosses the 128-wide tiles in both directions; no grid here divides it
 GRIDS = [("1x1", False), ("2x2", False), ("3x3", True), ("2x4", True)]
@@ -127,10 +126,7 @@ def _nbytes(value) -> int:
     return int(getattr(value, "nbytes", 0))
 
 
-MODES = ["graph"] + (["resident"] if resident_available() else [])
-
-
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["graph", "resident"])
 @pytest.mark.parametrize("grid,share", GRIDS[1:])
 def test_npt_weights_are_born_on_the_grid_not_scattered(client4, monkeypatch, mode, grid, share):
     X, y = make_linear(60, 40, 3, noise=0.1, seed=1)

@@ -26,7 +26,6 @@ from daskann.data import make_linear
 from daskann.npt import GridMatrix, NPTTrainer, ProcessGrid, matmul, matmul_nt, matmul_tn
 from daskann.npt.cannon import plan_product
 from daskann.npt.costmodel import CostModel, candidate_grids, choose_grid
-from daskann.npt.trainer import resident_available
 
 TOL = 1e-10
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,9 +53,6 @@ def classification():
     rng = np.random.default_rng(2)
     X = rng.standard_normal((120, 7))
     return X, ((X[:, 0] + X[:, 1] > 0).astype(np.int64) + (X[:, 2] > 1)).astype(np.int64)
-
-
-needs_resident = pytest.mark.skipif(not resident_available(), reason="the resident engine is not importable")
 
 
 # -- grid and Cannon plan (no cluster) --------------------------------------------------------
@@ -197,7 +193,6 @@ def test_graph_mode_equals_serial(client4, regression, classification, grid, sha
     assert np.all(h["bytes_moved"].values > 0) and np.all(h["compute_time"].values > 0)
 
 
-@needs_resident
 @pytest.mark.parametrize("grid,share,loss,activation,output,pipeline", GRID_CASES)
 def test_resident_mode_equals_serial(
     client4, regression, classification, grid, share, loss, activation, output, pipeline
@@ -424,7 +419,6 @@ def test_cost_model_takes_one_worker_when_no_grid_pays_and_a_grid_when_blocks_ar
     assert shape == (1, 1) and mode == "resident" and table[0]["grid"] == "1x1"
     shape, mode, table = choose_grid(model, (4096, 4096, 4096), 4096)
     assert shape[0] * shape[1] > 1 and mode == "graph"
-    assert choose_grid(model, (64, 128, 8), 64, resident_available=False)[1] == "graph"
 
 
 def test_auto_grid_and_mode_on_the_cluster(client4, regression):
@@ -432,7 +426,7 @@ def test_auto_grid_and_mode_on_the_cluster(client4, regression):
     trainer = NPTTrainer((10,), client=client4, lr=0.05, batch_size=20).fit(X, y, steps=3)
     assert (trainer.grid_.rows, trainer.grid_.cols) == (1, 1)  # a tiny net: no grid pays
     assert trainer.plan_[0]["grid"] == "1x1" and trainer.cost_model_.n_workers == 4
-    assert trainer.mode_ == ("resident" if resident_available() else "graph")
+    assert trainer.mode_ == "resident"
 
 
 def test_estimator_protocol():

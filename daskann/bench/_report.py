@@ -7,17 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 from daskann import _plotting
+from daskann._json import json_default
 from daskann.store import temporary_sibling
-
-
-def json_default(obj):
-    """``json.dumps``'s ``default`` for what a report may hold besides JSON types: numpy scalars, paths."""
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return str(obj)
 
 
 def write_json(document, path, *, indent: int = 1, default=None) -> Path:

@@ -21,7 +21,7 @@ from pathlib import Path
 import dask
 import numpy as np
 
-from daskann.bench._report import write_json
+from daskann.bench._report import json_default, write_json
 from daskann.data import load_dataset, make_linear
 from daskann.exceptions import MGRITDidNotPay
 from daskann.mgrit.trainer import MGRITTrainer
@@ -129,8 +129,8 @@ def main(opts: dict, *, echo=print) -> list[dict]:
     steps = opts.get("grid_steps") or 256
     quiet = opts.get("quiet") or opts.get("as_json")
     rows = run_grid(presets, steps=steps, log=None if quiet else echo)
-    write_json({"rows": rows}, Path(opts.get("output") or ".") / "bench-mgrit-grid.json", default=str)
-    echo(json.dumps({"rows": rows}, default=str) if opts.get("as_json") else markdown(rows))
+    write_json({"rows": rows}, Path(opts.get("output") or ".") / "bench-mgrit-grid.json", default=json_default)
+    echo(json.dumps({"rows": rows}, default=json_default) if opts.get("as_json") else markdown(rows))
     return rows
 
 

@@ -45,7 +45,7 @@ from daskann.nn import MLP
 from daskann.npt import costmodel
 from daskann.npt._paper_nets import PAPER_NETS
 from daskann.npt.grid import parse_grid
-from daskann.npt.trainer import NPTTrainer, resident_available
+from daskann.npt.trainer import NPTTrainer
 from daskann.serial import SerialTrainer
 
 
@@ -231,7 +231,6 @@ class _Sweep:
     client: object
     config: BenchConfig
     n_workers: int
-    resident: bool
     log: Callable
     table: list = field(default_factory=list)
     plans: dict = field(default_factory=dict)
@@ -243,10 +242,6 @@ class _Sweep:
     breakdowns: list = field(default_factory=list)
     #: the large net's step products alone on every worker at once (with ``config.breakdown``)
     products_alone: dict | None = None
-
-    @property
-    def modes(self) -> list[str]:
-        return [m for m in self.config.modes if m != "resident" or self.resident]
 
     def record(self, net: _Net, grid: str, mode: str, seconds: float, extra=None, *, fit=None) -> dict:
         """Add a row; ``fit = (wall seconds of the fit, steps it ran)`` gives its set-up time."""
@@ -343,9 +338,7 @@ class _Sweep:
 
     def plan(self, cost, net: _Net) -> dict:
         """The grid and mode ``grid="auto"`` takes for ``net``, kept for the report."""
-        self.plans[net.name] = _auto_choice(
-            cost, net.sizes, net.batch, self.n_workers, self.resident, self.config.dtype
-        )
+        self.plans[net.name] = _auto_choice(cost, net.sizes, net.batch, self.n_workers, self.config.dtype)
         return self.plans[net.name]
 
 
@@ -354,7 +347,7 @@ def run(client, config: BenchConfig | None = None, *, log=print) -> dict:
     (with ``config.breakdown`` also ``"breakdown"`` and, with the large net, ``"products_alone"``; see
     :mod:`daskann.bench.npt_breakdown`)."""
     config = config or BenchConfig()
-    sweep = _Sweep(client, config, len(worker_addresses(client)), resident_available(), log)
+    sweep = _Sweep(client, config, len(worker_addresses(client)), log)
     rates = [gemm_rate(client, config.gemm_size, config.dtype)]
     log(f"single-thread GEMM, n={config.gemm_size}: {rates[0] / 1e9:.3g} GFLOP/s")
     t0 = time.perf_counter()
@@ -436,11 +429,11 @@ def _paper_nets(run: _Sweep, cost) -> None:
         run.log(f"{name}: sizes {net.sizes}, batch {net.batch}")
         run.serial(net, config.serial_steps)
         for grid in config.grids:
-            if "resident" in run.modes:
+            if "resident" in config.modes:
                 run.npt(net, grid, "resident", config.resident_steps)
-            if "graph" in run.modes:
+            if "graph" in config.modes:
                 run.npt(net, grid, "graph", config.graph_steps)
-            if "dask" in run.modes:
+            if "dask" in config.modes:
                 run.peer(net, grid, config.peer_steps)
         plan = run.plan(cost, net)
         if "auto" in config.modes:
@@ -469,11 +462,11 @@ def _large_net(run: _Sweep, cost) -> None:
 
     side_by_side(run.serial(net, steps, warm))
     for grid in config.large_grids:
-        if "graph" in run.modes:
+        if "graph" in config.modes:
             side_by_side(run.npt(net, grid, "graph", steps, warm, breakdown=breakdown))
-        if "resident" in run.modes:
+        if "resident" in config.modes:
             side_by_side(run.npt(net, grid, "resident", steps, warm, breakdown=breakdown))
-        if "dask" in run.modes and _cells(grid) > 1:
+        if "dask" in config.modes and _cells(grid) > 1:
             side_by_side(run.peer(net, grid, steps, warm))
     run.plan(cost, net)
     if "auto" in config.modes:
@@ -488,7 +481,7 @@ def _large_net(run: _Sweep, cost) -> None:
 def _width_sweep(run: _Sweep) -> None:
     """Resident mode against serial over the width of two-hidden-layer nets, on 2x2."""
     config = run.config
-    if not config.widths or "resident" not in run.modes:
+    if not config.widths or "resident" not in config.modes:
         return
     steps = config.width_steps
     for w in config.widths:
@@ -521,9 +514,9 @@ def _kwargs(sizes, batch, config: BenchConfig) -> dict:
     }
 
 
-def _auto_choice(cost, sizes, batch, n_workers, resident, dtype) -> dict:
+def _auto_choice(cost, sizes, batch, n_workers, dtype) -> dict:
     shape, mode, table = costmodel.choose_grid(
-        cost, sizes, batch, n_workers=n_workers, resident_available=resident, itemsize=np.dtype(dtype).itemsize
+        cost, sizes, batch, n_workers=n_workers, itemsize=np.dtype(dtype).itemsize
     )
     return {"grid": f"{shape[0]}x{shape[1]}", "mode": mode, "table": table}
 

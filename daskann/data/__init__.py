@@ -6,13 +6,11 @@ from local folders, MNIST-1D is generated, the digits ship with scikit-learn.
 """
 
 from daskann.data._batches import SERIALIZED, BatchOrder, coarse_indices
-from daskann.data._bundled import load_digits
 from daskann.data._cifar import load_cifar10
-from daskann.data._datasets import DATASETS, Dataset, load_dataset
+from daskann.data._datasets import DATASETS, Dataset, load_dataset, load_digits, make_linear
 from daskann.data._idx import load_mnist_idx
 from daskann.data._mnist1d import make_mnist1d, upsample_signals
 from daskann.data._split import as_dask, train_val_split
-from daskann.data._synthetic import make_linear
 
 __all__ = [
     "DATASETS",

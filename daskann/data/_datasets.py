@@ -1,4 +1,4 @@
-"""One entry point for every data set: ``load_dataset(name, ...)``."""
+"""Every data set by name (``load_dataset``), and the two that need no files: synthetic linear data, the digits."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import numpy as np
 
 from daskann._typing import DatasetName
 from daskann._validation import check_choice, check_float, check_float_dtype, check_int, invalid
-from daskann.data._bundled import load_digits
 from daskann.data._cifar import load_cifar10
 from daskann.data._idx import load_mnist_idx
 from daskann.data._mnist1d import make_mnist1d
 from daskann.data._paths import check_folder
 from daskann.data._split import as_dask, check_val_fraction, train_val_split
-from daskann.data._synthetic import make_linear
 
 DATASETS = get_args(DatasetName)
 _NEEDS_PATH = ("mnist", "cifar10")
@@ -71,6 +69,77 @@ class Dataset:
             f"Dataset({self.name!r}, X_train={self.X_train.shape}, X_val={self.X_val.shape}, "
             f"task={self.task!r}, loss={self.loss!r}, dtype={self.X_train.dtype})"
         )
+
+
+def make_linear(
+    n_samples: int = 1024,
+    n_features: int = 32,
+    n_outputs: int = 4,
+    *,
+    noise: float = 0.1,
+    seed: int = 0,
+    dtype="float64",
+):
+    """Regression data with a known linear input-output relation.
+
+    ``X`` is standard normal, ``A`` is normal with variance ``1 / n_features``
+    (so ``y`` has unit scale whatever the width) and the noise is Gaussian with
+    standard deviation ``noise``. The network's difficulty is fixed, so timings
+    reflect the parallel method, not the data.
+
+    Parameters
+    ----------
+    n_samples, n_features, n_outputs : int
+    noise : float
+        Standard deviation of the additive noise, ``>= 0``.
+    seed : int
+    dtype : {"float64", "float32"}
+
+    Returns
+    -------
+    X : ndarray of shape (n_samples, n_features)
+    y : ndarray of shape (n_samples, n_outputs)
+    """
+    n_samples = check_int("n_samples", n_samples)
+    n_features = check_int("n_features", n_features)
+    n_outputs = check_int("n_outputs", n_outputs)
+    noise = check_float("noise", noise, minimum=0.0)
+    dtype = check_float_dtype(dtype)
+    rng = np.random.default_rng(check_int("seed", seed, minimum=0))
+    X = rng.standard_normal((n_samples, n_features))
+    A = rng.standard_normal((n_features, n_outputs)) / np.sqrt(n_features)
+    y = X @ A + noise * rng.standard_normal((n_samples, n_outputs))
+    return X.astype(dtype), y.astype(dtype)
+
+
+def load_digits(dtype="float64"):
+    """The 8x8 handwritten digits bundled with scikit-learn (no download).
+
+    Parameters
+    ----------
+    dtype : {"float64", "float32"}
+        Dtype of ``X``.
+
+    Returns
+    -------
+    X : ndarray of shape (1797, 64)
+        Pixel intensities scaled from 0..16 to ``[0, 1]``.
+    y : ndarray of shape (1797,), int64
+        Digit labels 0..9.
+
+    Examples
+    --------
+    >>> X, y = load_digits()
+    >>> X.shape, int(y.max())
+    ((1797, 64), 9)
+    """
+    dtype = check_float_dtype(dtype)
+    from sklearn.datasets import load_digits as _sklearn_load_digits  # heavy: imported when the set is loaded
+
+    bunch = _sklearn_load_digits()
+    X = (np.asarray(bunch.data, dtype=np.float64) / 16.0).astype(dtype)
+    y = np.asarray(bunch.target, dtype=np.int64)
+    return X, y
 
 
 def load_dataset(

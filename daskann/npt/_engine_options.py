@@ -18,15 +18,6 @@ PIPELINES = get_args(NPTPipeline)
 CHAINS = {"fused": 0, "single": 1, "double": 2}
 
 
-def resident_available() -> bool:
-    """Whether the resident-mode engine can be imported."""
-    try:
-        from daskann.npt import resident  # noqa: F401  (an import probe: the engine may be unavailable)
-    except ImportError:
-        return False
-    return True
-
-
 class NPTEngineOptions(OptionGroup):
     """The ``engine`` options of :class:`NPTTrainer`: how the grid runs, beyond its shape and mode.
 
@@ -75,8 +66,6 @@ def check_npt_options(grid, mode, engine, client) -> dict:
     timeout = check_float("engine['timeout']", engine["timeout"], minimum=0.0, min_inclusive=False)
     if client is not None and not isinstance(client, Client):
         raise invalid("client", type(client).__name__, "a distributed.Client or None", TypeError)
-    if mode == "resident" and not resident_available():
-        raise invalid("mode", mode, "'graph' or 'auto' (the resident engine cannot be imported here)")
     return {
         "grid": grid,
         "mode": mode,

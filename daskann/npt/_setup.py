@@ -32,7 +32,7 @@ def check_cluster(client, npt: dict) -> list[str]:
     return workers
 
 
-def grid_and_mode(client, npt: dict, sizes, settings: dict, *, resident_available: bool):
+def grid_and_mode(client, npt: dict, sizes, settings: dict):
     """``(grid, mode, plan, cost_model)`` for the checked options ``npt``.
 
     With a grid or mode ``"auto"`` the cluster is measured and the cost model picks them (``plan`` is
@@ -44,15 +44,16 @@ def grid_and_mode(client, npt: dict, sizes, settings: dict, *, resident_availabl
     shape, mode, plan, model = npt["grid"], npt["mode"], None, None
     if shape == "auto" or mode == "auto":
         model = costmodel.measure(client)
-        options = dict(resident_available=resident_available, itemsize=itemsize)
         if shape == "auto":
             shape, mode, plan = costmodel.choose_grid(
-                model, sizes, batch, mode=npt["mode"], n_workers=len(workers), **options
+                model, sizes, batch, mode=npt["mode"], n_workers=len(workers), itemsize=itemsize
             )
         else:
             if mode == "auto":
-                mode = model.choose_mode(sizes, batch, shape, **options)
-            plan = model.plan(sizes, batch, n_workers=len(workers), mode=npt["mode"], grids=[tuple(shape)], **options)
+                mode = model.choose_mode(sizes, batch, shape, itemsize=itemsize)
+            plan = model.plan(
+                sizes, batch, n_workers=len(workers), mode=npt["mode"], grids=[tuple(shape)], itemsize=itemsize
+            )
     grid = ProcessGrid.from_workers(shape, workers, share_workers=npt["share_workers"])
     return grid, mode, plan, model
 

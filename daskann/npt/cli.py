@@ -132,10 +132,10 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     """Predict the time per step of each NPT grid on this cluster (the cost model's table)."""
     import numpy as np
 
+    from daskann._json import clean_json
     from daskann._validation import check_hidden_sizes, check_int
     from daskann.cluster import close, worker_addresses
     from daskann.npt import costmodel
-    from daskann.npt.trainer import resident_available
 
     sizes = (check_int("n_features", n_features), *check_hidden_sizes(hidden), check_int("n_outputs", n_outputs))
     batch_size = check_int("batch_size", batch_size)
@@ -148,7 +148,6 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
             batch_size,
             n_workers=n_workers,
             mode=mode,
-            resident_available=resident_available(),
             itemsize=np.dtype(dtype).itemsize,
         )
     finally:
@@ -156,7 +155,7 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     if as_json:
         click.echo(
             json.dumps(
-                _clean(
+                clean_json(
                     {
                         "sizes": list(sizes),
                         "batch_size": batch_size,
@@ -179,13 +178,6 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     click.echo(costmodel.format_table(table))
     best = table[0]
     click.echo(f"grid='auto' takes {best['grid']} in {best['mode']} mode ({best['predicted_s'] * 1e3:.3g} ms per step)")
-
-
-def _clean(value):
-    """JSON-safe copy: NaN and infinities become null."""
-    from daskann._json import clean_json
-
-    return clean_json(value)
 
 
 @click.command("npt")
@@ -242,6 +234,7 @@ def _clean(value):
 @cli_errors
 def bench_command(output, quick, as_json, **opts):
     """Time per step, speedup and efficiency of NPT against p, against serial and dask.array's @."""
+    from daskann._json import clean_json
     from daskann.bench import npt, npt_breakdown, npt_checks, npt_output
     from daskann.cluster import close
 
@@ -258,7 +251,7 @@ def bench_command(output, quick, as_json, **opts):
         close(client)
     paths = npt_output.write_outputs(result, output)
     if as_json:
-        click.echo(json.dumps(_clean({**result, "outputs": {k: str(v) for k, v in paths.items()}}), indent=2))
+        click.echo(json.dumps(clean_json({**result, "outputs": {k: str(v) for k, v in paths.items()}}), indent=2))
         return
     machine = result["machine"]
     click.echo(

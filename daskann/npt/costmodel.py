@@ -154,12 +154,8 @@ class CostModel:
         largest = max(2.0 * m * k * n for m, k, n in step_products(sizes, batch_size))
         return largest / (rows * cols * steps) / self.rate(workers) + self.gemm_overhead
 
-    def choose_mode(
-        self, sizes, batch_size: int, grid_shape, *, resident_available: bool = True, itemsize: int = 8
-    ) -> str:
+    def choose_mode(self, sizes, batch_size: int, grid_shape, *, itemsize: int = 8) -> str:
         """Graph mode when a block product hides :data:`GRAPH_MIN_PRODUCT_HOPS` dependent hops."""
-        if not resident_available:
-            return "graph"
         t = self.product_seconds(sizes, batch_size, grid_shape, itemsize=itemsize)
         return "graph" if t >= GRAPH_MIN_PRODUCT_HOPS * self.task_latency else "resident"
 
@@ -170,7 +166,6 @@ class CostModel:
         *,
         n_workers: int | None = None,
         mode: str = "auto",
-        resident_available: bool = True,
         itemsize: int = 8,
         grids=None,
     ) -> list[dict]:
@@ -179,18 +174,8 @@ class CostModel:
         rows = []
         for shape in grids or candidate_grids(n_workers):
             graph = self.predict(sizes, batch_size, shape, mode="graph", itemsize=itemsize, n_workers=n_workers)
-            resident = (
-                self.predict(sizes, batch_size, shape, mode="resident", itemsize=itemsize, n_workers=n_workers)
-                if resident_available
-                else float("nan")
-            )
-            chosen = (
-                mode
-                if mode != "auto"
-                else self.choose_mode(
-                    sizes, batch_size, shape, resident_available=resident_available, itemsize=itemsize
-                )
-            )
+            resident = self.predict(sizes, batch_size, shape, mode="resident", itemsize=itemsize, n_workers=n_workers)
+            chosen = mode if mode != "auto" else self.choose_mode(sizes, batch_size, shape, itemsize=itemsize)
             rows.append(
                 {
                     "grid": f"{shape[0]}x{shape[1]}",
@@ -273,13 +258,10 @@ def choose_grid(
     *,
     mode: str = "auto",
     n_workers=None,
-    resident_available: bool = True,
     itemsize: int = 8,
 ) -> tuple[tuple[int, int], str, list[dict]]:
     """The fastest predicted grid and its mode, and the whole table."""
-    table = model.plan(
-        sizes, batch_size, n_workers=n_workers, mode=mode, resident_available=resident_available, itemsize=itemsize
-    )
+    table = model.plan(sizes, batch_size, n_workers=n_workers, mode=mode, itemsize=itemsize)
     best = table[0]
     r, c = (int(x) for x in best["grid"].split("x"))
     return (r, c), best["mode"], table
@@ -350,27 +332,12 @@ def _measure_tasks(client, workers, n_tasks: int = 120, chain: int = 24) -> tupl
 def _measure_transfers(client, workers, task_latency: float, nbytes: int = 8 * 2**20) -> tuple[float, float]:
     if len(workers) < 2:
         return task_latency, 1e9
-    try:
-        # the resident engine may not be importable here: then the transfers are timed by tasks
-        from daskann.npt.resident import exchange_latency
+    # imported on first use, so that importing the cost model does not load the resident engine
+    from daskann.npt.resident import exchange_latency
 
-        times = exchange_latency(client, sizes=[8192, nbytes], repeats=5, workers=workers[:2])
-        small, large = times[8192], times[nbytes]
-        return float(small), float(nbytes / max(large - small, 1e-6))
-    except ImportError:
-        pass
-    # fall back on tasks: a hop carrying a big block minus a hop carrying nothing
-    name = f"daskann-npt-cost-{uuid.uuid4().hex[:10]}"
-    builder = GraphBuilder(client, name)
-    hops = 4
-    prev = builder.add(f"{name}-0", _make, nbytes, owner=workers[0])
-    for k in range(1, hops + 1):
-        prev = builder.add(f"{name}-{k}", _make, nbytes, builder.ref(prev), owner=workers[k % 2])
-    t0 = time.perf_counter()
-    futures = builder.submit([prev])
-    client.gather(list(futures.values()))
-    per_hop = (time.perf_counter() - t0) / (hops + 1)
-    return task_latency, float(nbytes / max(per_hop - task_latency, 1e-4))
+    times = exchange_latency(client, sizes=[8192, nbytes], repeats=5, workers=workers[:2])
+    small, large = times[8192], times[nbytes]
+    return float(small), float(nbytes / max(large - small, 1e-6))
 
 
 def format_table(table: list[dict]) -> str:

@@ -9,23 +9,22 @@ import numpy as np
 from daskann._cli_common import summarize
 from daskann.cluster import worker_addresses
 from daskann.data import load_dataset
-from daskann.npt.trainer import NPTTrainer, resident_available
+from daskann.npt.trainer import NPTTrainer
 from daskann.serial import SerialTrainer
 
 
 def run_demo(client) -> dict:
     """Train the 8x8 digits on a 1x2 grid of ``client``'s workers and compare with serial training.
 
-    Resident mode when its engine is available (fast at this size), graph
-    mode otherwise. Returns the summary of :func:`daskann._cli_common.summarize`
-    plus the grid, the mode and the largest relative difference of the
-    weights from :class:`SerialTrainer` trained the same way.
+    Resident mode (fast at this size). Returns the summary of
+    :func:`daskann._cli_common.summarize` plus the grid, the mode and the
+    largest relative difference of the weights from :class:`SerialTrainer`
+    trained the same way.
     """
     data = load_dataset("digits", seed=0)
     n_workers = len(worker_addresses(client))
     grid = "1x2" if n_workers >= 2 else "1x1"
-    mode = "resident" if resident_available() else "graph"
-    steps = 100 if mode == "resident" else 20
+    mode, steps = "resident", 100
     settings = {"loss": "cross_entropy", "lr": 0.1, "batch_size": 32, "seed": 0, "sgd": {"momentum": 0.9}}
     start = time.perf_counter()
     trainer = NPTTrainer((64,), grid=grid, mode=mode, client=client, **settings).fit(

@@ -13,7 +13,7 @@ from daskann._typing import Activation, Loss, NPTMode
 from daskann.cluster import check_worker_memory, current_client, worker_addresses
 from daskann.nn import MLP, SGD
 from daskann.npt._checkpoints import block_checkpoint_writer, verify_store
-from daskann.npt._engine_options import CHAINS, NPTEngineOptions, check_npt_options, resident_available
+from daskann.npt._engine_options import CHAINS, NPTEngineOptions, check_npt_options
 from daskann.npt._graph_run import run_graph
 from daskann.npt._grid_results import GridResults
 from daskann.npt._setup import check_block_memory, check_cluster, grid_and_mode
@@ -269,7 +269,7 @@ class NPTTrainer(GridResults, BaseTrainer):
         return self._sizes[0], np.dtype(self._settings["dtype"])
 
     def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
-        grid, mode, plan, model = grid_and_mode(client, npt, sizes, settings, resident_available=resident_available())
+        grid, mode, plan, model = grid_and_mode(client, npt, sizes, settings)
         self.grid_, self.mode_, self.plan_, self.cost_model_ = grid, mode, plan, model
         self.recoveries_ = 0
 
@@ -278,7 +278,7 @@ class NPTTrainer(GridResults, BaseTrainer):
         if self.mode_ == "graph":
             engine = run_graph
         else:
-            # on first use: the resident engine may not be importable here (see resident_available)
+            # on first use, so that a graph-mode run does not load the resident engine
             from daskann.npt._resident_run import run_resident as engine
 
         bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=begin.step)

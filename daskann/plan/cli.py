@@ -67,6 +67,7 @@ def plan_command(ctx, **opts):
     from a profile's typical values (--profile slurm); a profile without them
     (no 'plan:' mapping) starts its worker jobs and measures them.
     """
+    from daskann._json import clean_json
     from daskann.plan._model import plan
     from daskann.plan._report import format_plan, plot_speedup
 
@@ -88,7 +89,7 @@ def plan_command(ctx, **opts):
     if opts["plot"] is not None and result["predictions"]:
         plot_speedup(result, opts["plot"])
     if opts["as_json"]:
-        click.echo(json.dumps(_clean(result), indent=2))
+        click.echo(json.dumps(clean_json(result), indent=2))
         return None
 
     click.echo(
@@ -226,6 +227,7 @@ def _mgrit_configs(opts: dict, net, hidden, X, y, train) -> list[dict]:
 
 
 def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) -> None:
+    from daskann._json import clean_json
     from daskann.cluster import close
     from daskann.plan._report import format_validation
     from daskann.plan._runs import validate
@@ -238,13 +240,7 @@ def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) ->
         close(client)
     if opts["as_json"]:
         keys = ("method", "workers", "predicted_s", "measured_s")
-        click.echo(json.dumps(_clean({"validation": [{k: r[k] for k in keys} for r in rows]}), indent=2))
+        click.echo(json.dumps(clean_json({"validation": [{k: r[k] for k in keys} for r in rows]}), indent=2))
         return
     click.echo(f"load average {os.getloadavg()[0]:.2f}; cluster measured: {cluster.to_dict()}")
     click.echo(format_validation(rows))
-
-
-def _clean(value):
-    from daskann._json import clean_json
-
-    return clean_json(value)
