@@ -246,3 +246,112 @@ def test_training_data_travels_once_not_with_every_task(client2, monkeypatch):
             assert key.startswith("daskann-mgrit-")
             assert len(pickle.dumps(task[1:])) < data_bytes / 10
     assert result.iterations == 2
+
+
+# -- the coarse cycle as one task, hand-offs inside their readers ----------------------------------------------
+
+
+def test_the_coarse_cycle_is_one_task_where_steps_are_short_against_a_task():
+    from daskann.mgrit._levels import Hierarchy
+    from daskann.mgrit._plan import coarse_in_one_task, task_sizes
+
+    h = Hierarchy(440, (4, 4))  # the digits net's 440 steps, three levels
+
+    def decide(step, task, workers=2, hierarchy=h):
+        costs = {"step_seconds": step, "task_seconds": task, "workers": workers}
+        blocks = task_sizes(hierarchy, (4, 1)[: hierarchy.n_levels - 1], lambda level: 1.0, **costs)
+        return coarse_in_one_task(hierarchy, blocks, lambda level: 1.0, **costs)
+
+    # sub-millisecond steps against a few milliseconds a task: the hops of six sweeps cost more than their steps
+    assert decide(1e-4, 7e-3)
+    # steps of milliseconds (a 512-wide net): the coarse sweeps run in parallel, a task per worker
+    assert not decide(6e-3, 7e-3)
+    # one worker runs every task in a row anyway; two levels have one coarse task already
+    assert decide(6e-3, 7e-3, workers=1)
+    assert not decide(1e-4, 7e-3, hierarchy=Hierarchy(440, (4,)))
+
+
+def _fused(monkeypatch, fuse: bool):
+    from daskann.mgrit import _run
+
+    monkeypatch.setattr(_run, "coarse_in_one_task", lambda *args, **kwargs: fuse)
+
+
+def test_a_fused_coarse_cycle_gives_the_weights_of_separate_tasks(client2, monkeypatch):
+    from daskann.mgrit import _run
+    from daskann.mgrit._kernels import run_fused
+
+    X, y, net, prop = _problem(n_samples=256, lr=0.01, hidden=(16, 16))
+    u0 = prop.initial_state(net)
+    kwargs = dict(levels=3, cfactor=4, tol=1e-300, max_iter=4, intervals_per_task="auto")
+    ref = MGRIT(prop, u0, 128, scheduler=None, **kwargs).solve()
+    planned = []
+    original = _run.SolveRun.iterate
+
+    def spy(self, k):
+        planned.append(self.planner.fuse_coarse)
+        return original(self, k)
+
+    monkeypatch.setattr(_run.SolveRun, "iterate", spy)
+    results = {}
+    for fuse in (False, True):
+        _fused(monkeypatch, fuse)
+        planned.clear()
+        results[fuse] = MGRIT(prop, u0, 128, scheduler=client2, **kwargs).solve()
+        assert planned == [fuse] * 4
+    for got in results.values():
+        assert got.residuals == ref.residuals
+        for a, b in zip(got.state, ref.state, strict=True):
+            assert a.dtype == np.float64 and np.array_equal(a, b)
+    # one task for the six coarse sweeps and the coarsest solve of each iteration
+    assert results[True].n_tasks[1] == results[False].n_tasks[1] - 6
+    # in this process too, the fused task computes what the separate ones do
+    monkeypatch.setattr(_run.SolveRun, "iterate", original)
+    opened = _run.SolveRun.open_executor
+
+    def fuse_here(self):
+        opened(self)
+        self.planner.fuse_coarse = True
+
+    monkeypatch.setattr(_run.SolveRun, "open_executor", fuse_here)
+    here = MGRIT(prop, u0, 128, scheduler=None, **kwargs).solve()
+    assert here.residuals == ref.residuals and all(map(np.array_equal, here.state, ref.state))
+    assert run_fused.__name__ == "run_fused"
+
+
+def test_a_fused_coarse_cycle_on_one_or_two_workers_gives_the_same_result(client2, cluster_factory, monkeypatch):
+    prop = linear.LinearPropagator.random_stable(5, seed=1)
+    u0 = (np.ones(5),)
+    kwargs = dict(levels=4, cfactor=2, tol=1e-13, max_iter=40, intervals_per_task="auto")
+    ref = MGRIT(prop, u0, 64, scheduler=None, **kwargs).solve()
+    _fused(monkeypatch, True)
+    for client in (client2, cluster_factory(1)):
+        got = MGRIT(prop, u0, 64, scheduler=client, **kwargs).solve()
+        assert got.residuals == ref.residuals and np.array_equal(got.state[0], ref.state[0])
+
+
+def test_handoffs_run_inside_their_readers_on_their_own_worker():
+    from daskann.mgrit._executors import _graph, _homes, _piece, reported
+    from daskann.mgrit._kernels import run_handoff
+    from daskann.mgrit._levels import Hierarchy
+    from daskann.mgrit._plan import Planner
+
+    h = Hierarchy(64, (4, 4))
+    options = {"cf_iter": [1, 1], "weight_c": [1.0, 1.0], "cycle_type": "V", "store_fine": False, "blocks": (2, 2)}
+    planner = Planner(h, options, lambda level: 1.0, "p")
+    planner.keep_fused, planner.task_blocks = True, (8, 2)
+    planner.iteration(1)
+    tasks = planner.iteration(2)
+    handoffs = {t.key for t in tasks if t.func is run_handoff}
+    assert len(handoffs) == 2
+    home = _homes(tasks, str, ["tcp://a", "tcp://b"], h.n_steps)
+    graph = _graph(tasks, reported(tasks), None, None, home=home)
+    inside = 0
+    for t in tasks:
+        for arg in graph.get(t.key, ())[4:]:
+            if isinstance(arg, tuple) and isinstance(arg[1], tuple):  # the hand-off, run inside this task
+                assert arg[0] is _piece and arg[1][0] is run_handoff
+                inside += 1
+    assert inside > 0
+    # a task of its own only where a worker reads another's kept rows (the first worker's last C-point)
+    assert [key for key in handoffs if key in graph] == [t.key for t in tasks if t.func is run_handoff and t.start == 0]
