@@ -24,7 +24,7 @@ from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
 from daskann.cluster import worker_addresses
 from daskann.exceptions import DaskannError, LostWorkersError
-from daskann.mgrit._kernels import release_kept, run_handoff
+from daskann.mgrit._kernels import release_kept
 from daskann.mgrit._plan import owner
 
 #: seconds one broadcast of the context may take before it is tried again
@@ -290,35 +290,19 @@ def _graph(tasks, shown, store, context, name=lambda key: key, home=None) -> dic
     chunks); a piece of a result in the task's own process (``home``: the
     worker of each key, as :func:`_placed` places them; every result when
     ``home`` is None) is cut inside the task, which spares the scheduler a
-    task and a round trip on the path from one sweep to the next. A
-    hand-off of C-values kept in a worker's memory
-    (:func:`~daskann.mgrit._kernels.run_handoff`) likewise runs inside each
-    reader on its worker, and as a task of its own only for readers elsewhere.
+    task and a round trip on the path from one sweep to the next.
     """
     graph = {}
-    # a hand-off (a lookup in its worker's memory, no inputs) runs inside the readers on its own worker; a task
-    # of its own only where a reader on another worker needs its rows: one scheduler hop less per iteration
-    inline = {name(t.key): (t.func, t.spec, store, context) for t in tasks if t.func is run_handoff and not t.deps}
-    needed = {name(t.key) for t in shown}
     for t in tasks:
         key = name(t.key)
-        if key in inline:
-            continue
         pieces = []
         for writer, (array, lead, lo, hi) in _merged(t.pieces):
-            source = name(writer)
-            if source in inline and (home is None or home[source] == home[key]):
-                pieces.append((_piece, inline[source], array, lead, lo, hi))
-                continue
-            needed.add(source)
-            piece = (_piece, source, array, lead, lo, hi)
-            if home is not None and home[source] != home[key]:
+            piece = (_piece, name(writer), array, lead, lo, hi)
+            if home is not None and home[name(writer)] != home[key]:
                 graph.setdefault(_piece_key(*piece[1:]), piece)
                 piece = _piece_key(*piece[1:])
             pieces.append(piece)
         graph[key] = (t.func, t.spec, store, context, *pieces)
-    for key in needed & inline.keys():
-        graph[key] = inline[key]
     for t in shown:
         if not t.final:
             graph[_summary_key(name(t.key))] = (_summary, name(t.key))

@@ -173,27 +173,6 @@ class HandoffSpec:
     order: int = 0
 
 
-@dataclass(frozen=True)
-class FusedSpec:
-    """Tasks of one iteration run one after another in one task (:func:`run_fused`).
-
-    Where a step costs little against the scheduler's per-task cost, the
-    whole coarse cycle of an iteration (every sweep of the levels below the
-    fine one, and the coarsest solve) runs as one task on one worker: an
-    iteration then takes a few scheduler hops instead of one per sweep.
-
-    Attributes
-    ----------
-    parts : tuple
-        ``(func, spec)`` of each part, in the planner's order; each part is
-        handed the task's inputs and the results of the parts before it.
-    """
-
-    parts: tuple
-    persist: bool = False
-    order: int = 0
-
-
 class Context:
     """What every task needs besides the store: propagator, layout, hierarchy, initial state.
 
@@ -597,57 +576,6 @@ def _restrict(ctx: Context, level: int, p: int, q: int, r, old, start, *, v_next
     if not finite(rhs_next):
         raise StepFailed(level + 1, p * ctx.hierarchy.span(level), "the FAS right-hand side became NaN or Inf")
     v_next[...] = old
-
-
-def run_fused(spec: FusedSpec, store, ctx: Context, *deps) -> dict:
-    """The parts of ``spec`` one after another, as separate tasks would run them; see :class:`FusedSpec`.
-
-    Each part computes what it would as a task of its own (the same kernels
-    on the same inputs), so the results do not depend on the fusion. The
-    result holds, of the rows the parts computed, those no later part
-    computed again: what the tasks after this one read.
-    """
-    if (skipped := _skipped(deps)) is not None:
-        return skipped
-    t0, cpu0 = time.perf_counter(), time.thread_time()
-    inputs = list(deps)
-    io = 0.0
-    for func, part in spec.parts:
-        result = func(part, store, ctx, *inputs)
-        if not result.get("ok", True):
-            return result
-        io += result.get("io_seconds", 0.0)
-        inputs.append(result)
-    blocks = _latest_blocks([b for r in inputs[len(deps) :] for b in r.get("blocks", ())])
-    result = {
-        "ok": True,
-        "residuals": [],
-        "last": None,
-        "seconds": time.perf_counter() - t0,
-        "cpu_seconds": time.thread_time() - cpu0,
-        "io_seconds": io,
-    }
-    if blocks:
-        result["blocks"] = blocks
-    return result
-
-
-def _latest_blocks(blocks: list) -> list:
-    """``blocks`` less those whose rows a later block (a higher rank) of the same array holds all of."""
-    kept = []
-    for block in blocks:
-        name, lead, first, rank, values = block
-        shadowed = any(
-            other[0] == name
-            and tuple(other[1]) == tuple(lead)
-            and other[3] > rank
-            and other[2] <= first
-            and first + len(values) <= other[2] + len(other[4])
-            for other in blocks
-        )
-        if not shadowed:
-            kept.append(block)
-    return kept
 
 
 def run_coarse(spec: CoarseSpec, store, ctx: Context, *deps) -> dict:

@@ -17,17 +17,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from daskann.mgrit._kernels import (
-    SLOTS,
-    CoarseSpec,
-    FusedSpec,
-    HandoffSpec,
-    SweepSpec,
-    run_coarse,
-    run_fused,
-    run_handoff,
-    run_sweep,
-)
+from daskann.mgrit._kernels import SLOTS, CoarseSpec, HandoffSpec, SweepSpec, run_coarse, run_handoff, run_sweep
 
 
 @dataclass
@@ -101,35 +91,6 @@ def task_sizes(hierarchy, blocks, cost, *, step_seconds: float, task_seconds: fl
     return tuple(sizes)
 
 
-def coarse_in_one_task(hierarchy, task_blocks, cost, *, step_seconds: float, task_seconds: float, workers: int) -> bool:
-    """Does the coarse cycle of an iteration run faster as one task than as one task per block per sweep?
-
-    As tasks, each sweep of the coarse cycle (levels 1 and up, V-cycle with
-    one pre-relaxation: a C-, an R- and an F-sweep per level, and the
-    coarsest solve) waits for the one before it, so it costs one scheduler
-    hop (``task_seconds``, the measured latency of a chain of tasks) and its
-    longest task's steps. As one task (:class:`~daskann.mgrit._kernels.FusedSpec`)
-    it costs one hop and all of its steps on one worker. Where steps are
-    short against the hop (small nets), the fused task wins; on a
-    single-worker cluster there is nothing to run in parallel.
-    """
-    L = hierarchy.n_levels
-    if L < 3:
-        return False  # the coarse cycle is the coarsest solve alone: one task already
-    coarsest = hierarchy.n_points(L - 1) * cost(L - 1) * step_seconds
-    split = fused = coarsest
-    split += task_seconds
-    for level in range(1, L - 1):
-        n = hierarchy.n_intervals(level)
-        interval = hierarchy.cfactors[level] * cost(level) * step_seconds
-        longest = min(n, task_blocks[level]) * interval  # the longest task of a sweep of this level
-        sweeps = 3  # C-, R- and F-sweep
-        split += sweeps * (longest + task_seconds)
-        fused += sweeps * n * interval
-    fused += task_seconds
-    return workers <= 1 or fused < split
-
-
 class _Tracker:
     """Read-after-write and write-after-read dependencies between tasks, per chunk."""
 
@@ -182,11 +143,6 @@ class Planner:
         iteration in its worker's memory (dask's schedulers), and the next
         iteration's first sweep is handed them (:func:`run_handoff`): they
         never go through the store.
-    fuse_coarse : bool
-        Each iteration's coarse cycle (every sweep of levels ``>= 1`` and the
-        coarsest solve) is one task (:class:`~daskann.mgrit._kernels.FusedSpec`)
-        of one part per sweep: the values and results are those of the
-        unfused tasks (:func:`coarse_in_one_task`).
     sequential : bool
         The tasks run one after another in this process, in place in the
         in-memory trajectory (:class:`~daskann.mgrit._executors.InProcessExecutor`):
@@ -209,8 +165,6 @@ class Planner:
         self.kept: list[tuple] = []  # (token, start, chunks) of each task of the last final sweep that kept rows
         self.blocks = options["blocks"]  # intervals per chunk of the store
         self.task_blocks = self.blocks  # intervals per task: whole chunks (:func:`task_sizes`)
-        self.fuse_coarse = False  # the coarse cycle as one task (:func:`coarse_in_one_task`)
-        self._group: list | None = None  # the parts of the fused task being planned
         self.source = [None] * self.L
         self.pending = [False] * self.L
         self.rhs = [False] * self.L
@@ -287,10 +241,6 @@ class Planner:
     def _emit(self, func, spec, reads, writes, cost, level, final=False, label="", start=0, keep=()) -> None:
         key = f"{self.prefix}-it{self._iteration}-{self._counter:04d}-L{level}{label}"
         spec = dataclasses.replace(spec, persist=final, order=self._counter)
-        if self._group is not None:  # a part of the fused task being planned (never a final sweep)
-            self._counter += 1
-            self._group.append((func, spec, reads, writes, cost, level))
-            return
         if keep:  # the chunks ``keep`` stay in the worker's memory under this token
             token = (self.run, self._iteration, key)
             spec = dataclasses.replace(spec, keep=token)
@@ -339,9 +289,8 @@ class Planner:
         )
         first = len(self._tasks)
         n_int = self.h.n_intervals(level)
-        size = n_int if self._group is not None else self.task_blocks[level]  # a part of a fused task: whole level
-        for q0 in range(0, n_int, size):
-            self._emit_sweep_task(dataclasses.replace(spec, q0=q0, q1=min(q0 + size, n_int)), final)
+        for q0 in range(0, n_int, self.task_blocks[level]):
+            self._emit_sweep_task(dataclasses.replace(spec, q0=q0, q1=min(q0 + self.task_blocks[level], n_int)), final)
         keys = {t.key for t in self._tasks[first:]}
         if any(d in keys for t in self._tasks[first:] for d in t.deps):
             raise AssertionError(f"tasks of one sweep on level {level} depend on each other")
@@ -434,24 +383,6 @@ class Planner:
         else:
             self.sweep(level, "F")
 
-    def fused_cycle(self, level: int, kind: str) -> None:
-        """:meth:`cycle` from ``level`` as one task of one part per sweep (:attr:`fuse_coarse`)."""
-        self._group = []
-        try:
-            self.cycle(level, kind)
-            parts = self._group
-        finally:
-            self._group = None
-        reads, writes, written = [], [], set()
-        for _func, _spec, part_reads, part_writes, _cost, _level in parts:
-            reads += [c for c in part_reads if c not in written]  # a chunk an earlier part wrote is read inside
-            writes += part_writes
-            written.update(part_writes)
-        spec = FusedSpec(tuple((func, part) for func, part, *_ in parts))
-        cost = sum(part[4] for part in parts)
-        reads, writes = list(dict.fromkeys(reads)), list(dict.fromkeys(writes))
-        self._emit(run_fused, spec, reads, writes, cost, level, label="-cycle")
-
     def nested(self) -> None:
         """Nested iteration: solve the coarsest level's own problem, refine level by level."""
         self.rhs = [False] * self.L
@@ -495,10 +426,7 @@ class Planner:
             for _ in range(pre):
                 self.sweep(0, "C")
             self.sweep(0, "R", restrict=True)
-        if self.fuse_coarse:
-            self.fused_cycle(1, self.opt["cycle_type"])
-        else:
-            self.cycle(1, self.opt["cycle_type"])
+        self.cycle(1, self.opt["cycle_type"])
         self.pending[0] = True
         fused = self.sweep(0, "R", restrict=(cf0 == 0), fuse_c=(cf0 > 0), store_u=self.opt["store_fine"], final=True)
         self.committed = self.source[0][1]

@@ -20,7 +20,7 @@ from daskann.exceptions import MGRITDiverged
 from daskann.mgrit import _store, workmodel
 from daskann.mgrit._executors import DaskExecutor, InProcessExecutor
 from daskann.mgrit._kernels import Context, first_failure
-from daskann.mgrit._plan import Planner, coarse_in_one_task, task_sizes
+from daskann.mgrit._plan import Planner, task_sizes
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,6 @@ class SolveRun:
         self.norms: list[float] = []
         self.graphs: list = []  # work-model graphs of the iterations run by this call
         self.executor = None
-        self.costs: dict | None = None  # what a step and a task cost on the cluster, where measured
         self.replans = 0  # iterations started again because C-values kept on a worker were lost
         if self.iteration == 0:
             self._write_initial_guess()
@@ -181,9 +180,6 @@ class SolveRun:
                 return
             cost = self.planner.cost
             self.planner.task_blocks = task_sizes(self.hierarchy, self.planner.blocks, cost, **costs)
-            # where steps are short against a task's cost, the coarse cycle runs as one task on one worker
-            self.planner.fuse_coarse = coarse_in_one_task(self.hierarchy, self.planner.task_blocks, cost, **costs)
-            self.costs = costs
 
     # -- one iteration -----------------------------------------------------------------
     def iterate(self, k: int) -> tuple[IterationRecord, list[float]]:
@@ -232,7 +228,6 @@ class SolveRun:
         self.replans += 1
         planner = self._planner(self.planner.blocks, f"{self.planner.run}-again{self.replans}", run=self.planner.run)
         planner.task_blocks, planner.keep_fused = self.planner.task_blocks, self.planner.keep_fused
-        planner.fuse_coarse = self.planner.fuse_coarse
         planner.sequential = self.planner.sequential
         planner.restart_from(self.progress["committed"])
         self.planner = planner

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 from daskann.mgrit import workmodel
 from daskann.mgrit._levels import check_hierarchy
-from daskann.mgrit._plan import Planner, block_sizes, coarse_in_one_task, task_sizes
+from daskann.mgrit._plan import Planner, block_sizes
 from daskann.mgrit.presets import resolve_preset
 from daskann.npt.costmodel import CostModel, candidate_grids
 from daskann.plan._cluster import ClusterSpec
@@ -241,11 +241,6 @@ def mgrit_iteration_seconds(net: Network, cluster: ClusterSpec, p: int, config: 
     )
     step = serial_step_seconds(net.sizes, net.batch_size, cluster)
     state_bytes = net.n_params * net.itemsize * (2 if net.momentum else 1)
-    if cluster.task_overhead > 0:
-        # the tasks MGRITTrainer submits on a cluster: sized, and the coarse cycle fused, from what a task costs
-        costs = {"step_seconds": step, "task_seconds": _mgrit_task_seconds(cluster, 1, state_bytes), "workers": p}
-        planner.task_blocks = task_sizes(hierarchy, blocks, planner.cost, **costs)
-        planner.fuse_coarse = coarse_in_one_task(hierarchy, planner.task_blocks, planner.cost, **costs)
     out = []
     for k in (1, 2):
         tasks = planner.iteration(k)
