@@ -184,3 +184,18 @@ def test_a_callback_raising_stop_iteration_ends_the_solve():
 
     result = MGRIT(prop, (np.ones(4),), 64, levels=3, cfactor=2, tol=1e-300, max_iter=10, callback=callback).solve()
     assert seen == [1, 2] and result.status == "stopped" and result.iterations == 2 and not result.converged
+
+
+def test_dask_array_data_trains_serially_on_a_worker(digits, client2):
+    import dask.array as da
+
+    X, y = digits
+    settings = dict(DIGITS, lr=0.01, epochs=2)
+    Xd, yd = client2.persist([da.from_array(X, chunks=200), da.from_array(y, chunks=200)])
+    trainer = MGRITTrainer((64,), **settings, client=client2)
+    caught = _fit_recording(trainer, Xd, yd)
+    assert len(caught) == 1 and trainer.result_.ended == "serial-predicted"
+    assert trainer.result_.forecast["step_seconds"] > 0
+    serial = SerialTrainer((64,), **settings).fit(X, y)
+    for got, want in zip(trainer.model_.params, serial.model_.params, strict=True):
+        np.testing.assert_array_equal(got, want)

@@ -19,6 +19,7 @@ training, no solve can pay.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -30,6 +31,7 @@ from daskann._blas import one_blas_thread
 from daskann.mgrit import workmodel
 from daskann.mgrit._levels import check_hierarchy
 from daskann.mgrit._plan import Planner
+from daskann.mgrit.problem import StateLayout
 
 #: values of the setting ``daskann.mgrit.solve``
 POLICIES = ("predict", "force", "study")
@@ -119,32 +121,42 @@ class Forecast:
         return text + " (the setting daskann.mgrit.solve='force' solves regardless; see docs/mgrit.md)"
 
 
-def step_seconds(model, X, y, loss: str, batch_size: int, *, budget: float = 2e-3) -> float:
-    """Seconds of one serial training step of ``model``, timed here on one BLAS thread.
+def step_seconds(prop, model, *, budget: float = 2e-3) -> float:
+    """Seconds of one serial training step, timed here on one BLAS thread.
 
-    Rows of ``X`` where it is in memory, zeros of its shape otherwise (a dask
-    array stays where it is): a step's time depends on the shapes alone.
+    The propagator's own fine steps (its rows gathered, the gradient, the
+    update: what the serial finish runs) where its data is in memory; else
+    the network's gradient on zeros of a minibatch's shape (a dask array
+    stays where it is: a step's time depends on the shapes alone).
     """
-    if isinstance(X, np.ndarray):
-        rows = np.arange(min(batch_size, len(X)))
-        xb, yb = X[rows], y[rows]  # gathered, as a step's shuffled rows are
-    else:
-        xb = np.zeros((batch_size, X.shape[1]), dtype=X.dtype)
-        yb = np.zeros((batch_size, *y.shape[1:]), dtype=y.dtype)
-    net = model.copy()
-    params = net.params
+    times = []
     with one_blas_thread(), np.errstate(all="ignore"):
-        net.loss_and_gradients(xb, yb, loss)  # the first call allocates
-        times = []
-        spent = 0.0
-        while len(times) < 3 or (spent < budget and len(times) < 16):
+        if isinstance(prop.X, np.ndarray):
+            vector = StateLayout.from_state(prop.initial_state(model)).pack(prop.initial_state(model))
+            step = functools.partial(_fine_step, prop, vector)
+        else:
+            step = functools.partial(_zero_step, model.copy(), prop)
+        step(0)  # the first call allocates
+        while len(times) < 3 or (sum(times) < budget and len(times) < 16):
             t0 = time.perf_counter()
-            _value, grad_w, grad_b = net.loss_and_gradients(xb, yb, loss)
-            for p, g in zip(params, net.interleave(grad_w, grad_b), strict=True):
-                p -= 0.0 * g  # the update's arithmetic, leaving the weights as they are
+            step(len(times) + 1)
             times.append(time.perf_counter() - t0)
-            spent += times[-1]
     return float(np.median(times))
+
+
+def _fine_step(prop, vector, i: int) -> None:
+    prop.step_flat(vector, i, i + 1, 0, out=vector)
+    math.isfinite(vector.sum())  # the serial finish's check
+
+
+def _zero_step(net, prop, i: int) -> None:
+    batch = len(prop.order.indices(0))
+    X, y = prop.X, prop.y
+    xb = np.zeros((batch, X.shape[1]), dtype=X.dtype)
+    yb = np.zeros((batch, *y.shape[1:]), dtype=y.dtype)
+    _value, grad_w, grad_b = net.loss_and_gradients(xb, yb, prop.loss)
+    for p, g in zip(net.params, net.interleave(grad_w, grad_b), strict=True):
+        p -= 0.0 * g  # the update's arithmetic, leaving the weights as they are
 
 
 def coarse_cost(options: dict, level: int, span: int) -> float:

@@ -411,8 +411,8 @@ class MGRITTrainer(BaseTrainer):
 
     def _forecast(self, run: _FitRun) -> _payoff.Forecast:
         """MGRIT's least time on the fit's workers against serial training's, before any task."""
-        settings, data = run.settings, run.data
-        step = _payoff.step_seconds(run.model, data.X, data.y, settings["loss"], settings["batch_size"])
+        settings = run.settings
+        step = _payoff.step_seconds(run.prop, run.model)
         return _payoff.forecast(
             run.options,
             run.total - run.done,
