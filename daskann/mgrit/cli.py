@@ -118,7 +118,14 @@ def mgrit_summary(trainer) -> dict:
         path = sum(a.critical_path for a in result.adaptations)
         extra["ended"] = result.ended
         extra["attempts"] = [f"{a.change or 'as configured'}: {a.outcome}" for a in result.adaptations]
-        extra["paid"] = result.ended != "serial-fallback" and path < result.n_steps
+        extra["paid"] = result.ended not in ("serial-fallback", "serial-predicted") and path < result.n_steps
+    forecast = result.forecast
+    if forecast is not None:
+        pilot = forecast.get("pilot")
+        decisive = pilot if pilot is not None and result.ended == "serial-predicted" else forecast
+        extra["predicted_speedup"] = round(decisive["speedup"], 3)
+        if result.ended == "serial-predicted":
+            extra["why_serial"] = decisive["reason"]
     if "error" in trainer.history_:
         extra["error_vs_serial"] = float(trainer.history_["error"].values[-1])
     return extra
