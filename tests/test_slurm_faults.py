@@ -36,7 +36,7 @@ from daskann.data import make_linear
 from daskann.exceptions import LostWorkersError
 
 # MGRIT fits here must run the solve, which the default policy skips for problems this small
-pytestmark = [needs_slurm, pytest.mark.usefixtures("mgrit_study")]
+pytestmark = [*needs_slurm, pytest.mark.usefixtures("mgrit_study")]
 
 TOLERANCE = 1e-9
 COMMON = dict(lr=0.05, batch_size=20, seed=3, sgd={"momentum": 0.9})
