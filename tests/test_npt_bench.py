@@ -70,7 +70,7 @@ def test_mse_epilogue_equals_serial_loss_and_gradient():
     rows = np.arange(2, 10)
     terms = [(_spec(a), False, _spec(w), False, None)]
     out = _kernels.block_product(
-        None, terms, (8, 3), np.float64, epilogue=("bias_mse", 2.0 / 24, rows, True), extras=(_spec(bias), target)
+        None, terms, (8, 3), np.float64, epilogue=_kernels.BiasMSE(2.0 / 24, rows, True), extras=(_spec(bias), target)
     )
     loss, grad = mse_loss(a @ w + bias, target[rows])
     assert np.array_equal(out["g"], grad)

@@ -19,6 +19,8 @@ fly (activations ``A = act(Z)`` are never stored, only ``Z``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from daskann._heap import keeps_heap
@@ -52,20 +54,11 @@ def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=
         Of the output block.
     partner : ndarray or None
         The other accumulation chain of the same block, added last.
-    epilogue : tuple or None
-        ``("bias",)``: add the bias block ``extras[0]``;
-        ``("bias_mse", scale, rows, with_grad)``: add the bias, then return
-        the MSE loss partial sum and gradient ``{"loss", "g"}`` against rows
-        ``rows`` of the target band ``extras[1]`` (a copy of the output
-        columns' targets lives on every worker of the grid column); ``scale``
-        is ``2 / (batch * n_outputs)`` of the whole batch, as in
-        :func:`daskann.nn._functional.mse_loss`;
-        ``("act_backward", activation, slope)``: gradient through the
-        activation at pre-activations ``extras[0]``;
-        ``("velocity", momentum)``: SGD velocity ``momentum * extras[0] + g``;
-        ``("sgd", lr, momentum)``: the whole SGD update of a weight block,
-        ``{"w": w - lr * v, "v": v}`` with ``v`` as above, from the velocity
-        ``extras[0]`` and the weights ``extras[1]``.
+    epilogue : callable or None
+        ``epilogue(out, fresh, extras)`` finishes the sum ``out`` (``fresh``:
+        an array of the task's own, which it may overwrite):
+        :func:`add_bias`, :class:`BiasMSE`, :class:`ActivationBackward`,
+        :class:`Velocity` or :class:`SGDStep`.
     extras : tuple of operand specs
     """
     out, fresh = _accumulate(acc, terms, shape, dtype)
@@ -73,7 +66,7 @@ def block_product(acc, terms, shape, dtype, partner=None, epilogue=None, extras=
         out, fresh = out + partner, True
     if epilogue is None:
         return out if fresh else out.copy()
-    return _epilogue(out, fresh, epilogue, extras)
+    return epilogue(out, fresh, extras)
 
 
 def _accumulate(acc, terms, shape, dtype):
@@ -113,30 +106,6 @@ def _accumulate(acc, terms, shape, dtype):
     return out, fresh
 
 
-def _epilogue(out, fresh: bool, epilogue: tuple, extras):
-    """The epilogue of :func:`block_product` applied to the sum ``out`` (``fresh``: an array of its own)."""
-    kind = epilogue[0]
-    if kind in ("bias", "bias_mse"):
-        bias = operand(extras[0])
-        if fresh:
-            out += bias
-        else:
-            out = out + bias
-        if kind == "bias":
-            return out
-        # the output layer with MSE on a linear output: the loss gradient right here
-        _, scale, rows, with_grad = epilogue
-        return _mse(out, extras[1][rows], scale, with_grad)
-    if kind == "act_backward":
-        return activation_backward(out, operand(extras[0]), epilogue[1], epilogue[2])
-    if kind == "velocity":
-        return _velocity(out, fresh, extras[0], epilogue[1])
-    if kind == "sgd":
-        velocity = _velocity(out, fresh, extras[0], epilogue[2])
-        return {"w": weight_update(operand(extras[1]), velocity, epilogue[1]), "v": velocity}
-    raise ValueError(f"unknown epilogue {epilogue!r}")
-
-
 def _disjoint_windows(terms) -> set:
     """Output windows of ``terms`` that overlap no other term's window (each is written exactly once)."""
     windows = [t[4] for t in terms]
@@ -163,6 +132,70 @@ def weight_update(weight, velocity, lr):
     """``w - lr * v`` as :meth:`daskann.nn.SGD.update` computes it (one new array, not two)."""
     out = velocity * weight.dtype.type(lr)
     return np.subtract(weight, out, out=out)
+
+
+# -- epilogues of block_product: what the last task of an output block does with its sum ------
+def add_bias(out, fresh: bool, extras):
+    """``out + b`` with the bias block ``b`` at ``extras[0]`` (in place when ``out`` is fresh)."""
+    bias = operand(extras[0])
+    if fresh:
+        out += bias
+        return out
+    return out + bias
+
+
+@dataclass(frozen=True)
+class BiasMSE:
+    """The output layer with MSE on a linear output: the bias added, then ``{"loss", "g"}`` right here.
+
+    The loss partial sum and gradient are against rows ``rows`` of the target band
+    ``extras[1]`` (a copy of the output columns' targets lives on every worker of
+    the grid column); ``scale`` is ``2 / (batch * n_outputs)`` of the whole
+    batch, as in :func:`daskann.nn._functional.mse_loss`.
+    """
+
+    scale: float
+    rows: np.ndarray
+    with_grad: bool
+
+    def __call__(self, out, fresh: bool, extras):
+        return _mse(add_bias(out, fresh, extras), extras[1][self.rows], self.scale, self.with_grad)
+
+
+@dataclass(frozen=True)
+class ActivationBackward:
+    """The gradient through the activation at the pre-activations ``extras[0]``."""
+
+    activation: str
+    negative_slope: float
+
+    def __call__(self, out, fresh: bool, extras):
+        return activation_backward(out, operand(extras[0]), self.activation, self.negative_slope)
+
+
+@dataclass(frozen=True)
+class Velocity:
+    """SGD's new velocity ``momentum * v + g`` from the velocity block ``extras[0]``."""
+
+    momentum: float
+
+    def __call__(self, out, fresh: bool, extras):
+        return _velocity(out, fresh, extras[0], self.momentum)
+
+
+@dataclass(frozen=True)
+class SGDStep:
+    """The whole SGD update of a weight block: ``{"w": w - lr * v, "v": v}``.
+
+    ``v`` as :class:`Velocity` from the velocity ``extras[0]``; the weights are ``extras[1]``.
+    """
+
+    lr: float
+    momentum: float
+
+    def __call__(self, out, fresh: bool, extras):
+        velocity = _velocity(out, fresh, extras[0], self.momentum)
+        return {"w": weight_update(operand(extras[1]), velocity, self.lr), "v": velocity}
 
 
 @keeps_heap

@@ -121,16 +121,15 @@ def add_product(
     out_rows=None,
     out_cols=None,
     chains: int = 2,
-    epilogue=None,
-    extras=None,
+    finish=None,
     ledger=None,
 ) -> GridMatrix:
     """Add the tasks of ``op(a) @ op(b)`` to ``builder``; the result's blocks are pending keys.
 
-    ``extras(i, j)`` gives the operand specs the epilogue of block ``(i, j)``
-    reads; ``epilogue`` may also be a function of ``(i, j)``. ``ledger`` (a
-    :class:`TrafficLedger`) counts the bytes that operand blocks will move
-    between workers.
+    ``finish(i, j)`` gives the epilogue of block ``(i, j)`` (see
+    :func:`~daskann.npt._kernels.block_product`) and the operand specs it
+    reads. ``ledger`` (a :class:`TrafficLedger`) counts the bytes that
+    operand blocks will move between workers.
     """
     grid = a.grid
     a_rows, _ = _op_bounds(a, trans_a)
@@ -147,10 +146,9 @@ def add_product(
         for j, (c0, c1) in enumerate(out_cols):
             owner = grid.owner(i, j)
             block = ((r1 - r0, c1 - c0), dtype, owner)
-            extra_specs = tuple(extras(i, j)) if extras is not None else ()
-            finish = (epilogue(i, j) if callable(epilogue) else epilogue, extra_specs)
+            epilogue, extras = finish(i, j) if finish is not None else (None, ())
             step_specs = [_term_specs(t, a, b, ref, trans_a, trans_b, block[0], owner, ledger) for t in plan[i, j]]
-            _add_output_block(builder, f"{name}-{i}-{j}", step_specs, block, chains, finish)
+            _add_output_block(builder, f"{name}-{i}-{j}", step_specs, block, chains, (epilogue, tuple(extras)))
             line.append(Block(f"{name}-{i}-{j}", block[0]))
         blocks.append(line)
     return GridMatrix(grid, shape, np.dtype(dtype), list(out_rows), list(out_cols), blocks)

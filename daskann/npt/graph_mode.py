@@ -399,6 +399,7 @@ class GraphEngine:
         Z, A0 = self._forward(builder, ledger, state, data, rows, name, with_grad=True)
         dZ, y_keep = self._loss(builder, ledger, data, rows, Z[-1], name, with_grad=True)
         act = (s["activation"], s["negative_slope"])
+        backward = _kernels.ActivationBackward(*act)
         new_w, new_v, new_b = [None] * self.n_layers, [None] * self.n_layers, [None] * self.n_layers
         for layer in range(self.n_layers - 1, -1, -1):
             W, V = state.weights[layer], state.velocities[layer]
@@ -414,8 +415,7 @@ class GraphEngine:
                     out_rows=Zp.row_bounds,
                     out_cols=Zp.col_bounds,
                     chains=self.chains,
-                    epilogue=("act_backward", *act),
-                    extras=lambda i, j, Zp=Zp: [Zp.blocks[i][j].spec(builder.ref(Zp.blocks[i][j].key))],
+                    finish=lambda i, j, Zp=Zp: (backward, [Zp.blocks[i][j].spec(builder.ref(Zp.blocks[i][j].key))]),
                     ledger=ledger,
                 )
             new_w[layer], new_v[layer] = self._weight_updates(
@@ -439,15 +439,16 @@ class GraphEngine:
         if self.packed:
             return self._packed_weight_updates(builder, ledger, W, V, A_prev, dZ, grad_name)
 
-        def extras(i, j):
-            return [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key))]
+        velocity = _kernels.Velocity(self.settings["momentum"])
 
-        epilogue = ("velocity", self.settings["momentum"])
-        Vn = self._gradient_product(builder, ledger, W, A_prev, dZ, grad_name, epilogue, extras)
+        def finish(i, j):
+            return velocity, [V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key))]
+
+        Vn = self._gradient_product(builder, ledger, W, A_prev, dZ, grad_name, finish)
         return self._stepped_weights(builder, W, Vn, update_name), Vn
 
-    def _gradient_product(self, builder, ledger, W, A_prev, dZ, grad_name: str, epilogue: tuple, extras) -> GridMatrix:
-        """``A_prev.T @ dZ`` on ``W``'s blocks, each block's sum ending in ``epilogue`` over ``extras(i, j)``."""
+    def _gradient_product(self, builder, ledger, W, A_prev, dZ, grad_name: str, finish) -> GridMatrix:
+        """``A_prev.T @ dZ`` on ``W``'s blocks, each block's sum ending as ``finish(i, j)`` says."""
         return add_product(
             builder,
             A_prev,
@@ -457,22 +458,21 @@ class GraphEngine:
             out_rows=W.row_bounds,
             out_cols=W.col_bounds,
             chains=self.chains,
-            epilogue=epilogue,
-            extras=extras,
+            finish=finish,
             ledger=ledger,
         )
 
     def _packed_weight_updates(self, builder, ledger, W, V, A_prev, dZ, grad_name: str) -> list:
         """``[new weights, new velocity]``, both from one task per block whose epilogue is the whole SGD update."""
-        s = self.settings
+        step = _kernels.SGDStep(self.settings["lr"], self.settings["momentum"])
 
-        def extras(i, j):
-            return [
+        def finish(i, j):
+            return step, [
                 V.blocks[i][j].spec(builder.ref(V.blocks[i][j].key)),
                 W.blocks[i][j].spec(builder.ref(W.blocks[i][j].key)),
             ]
 
-        P = self._gradient_product(builder, ledger, W, A_prev, dZ, grad_name, ("sgd", s["lr"], s["momentum"]), extras)
+        P = self._gradient_product(builder, ledger, W, A_prev, dZ, grad_name, finish)
         return [
             GridMatrix(
                 self.grid,
@@ -534,17 +534,14 @@ class GraphEngine:
                 # MSE on a linear output: each output block's last task also gives its loss gradient
                 scale = 2.0 / (len(rows) * self.sizes[-1])
 
-                def epilogue(i, j, scale=scale):
+                def finish(i, j, scale=scale, bias=bias):
                     r0, r1 = batch_bounds[i]
-                    return ("bias_mse", scale, rows[r0:r1], with_grad)
-
-                def extras(i, j, bias=bias):
-                    return [bias[j].spec(builder.ref(bias[j].key)), builder.ref(data.y_keys[i][j])]
+                    epilogue = _kernels.BiasMSE(scale, rows[r0:r1], with_grad)
+                    return epilogue, [bias[j].spec(builder.ref(bias[j].key)), builder.ref(data.y_keys[i][j])]
             else:
-                epilogue = ("bias",)
 
-                def extras(i, j, bias=bias):
-                    return [bias[j].spec(builder.ref(bias[j].key))]
+                def finish(i, j, bias=bias):
+                    return _kernels.add_bias, [bias[j].spec(builder.ref(bias[j].key))]
 
             Zl = add_product(
                 builder,
@@ -554,8 +551,7 @@ class GraphEngine:
                 out_rows=batch_bounds,
                 out_cols=self.col_bounds[layer + 1],
                 chains=self.chains,
-                epilogue=epilogue,
-                extras=extras,
+                finish=finish,
                 ledger=ledger,
             )
             for i in range(grid.rows):
@@ -575,7 +571,7 @@ class GraphEngine:
         batch_bounds = ZL.row_bounds
         blocks = []
         if not self.panel_loss:
-            # computed by the output layer's forward tasks (epilogue "bias_mse")
+            # computed by the output layer's forward tasks (epilogue BiasMSE)
             blocks = [[Block(b.key, b.shape, field="g") for b in line] for line in ZL.blocks]
         else:
             for i, (r0, r1) in enumerate(batch_bounds):
