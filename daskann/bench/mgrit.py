@@ -37,7 +37,7 @@ from daskann.bench._report import json_default, save_figure, write_json
 from daskann.cluster import worker_addresses
 from daskann.data import BatchOrder, make_linear
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged
-from daskann.mgrit.presets import PRESETS, resolve_preset
+from daskann.mgrit.presets import PRESETS, SolverConfig, resolve_preset
 from daskann.mgrit.propagators import SGDPropagator
 from daskann.mgrit.solver import MGRIT
 from daskann.mgrit.trainer import MGRITTrainer
@@ -118,19 +118,9 @@ def _propagator(problem: dict, options: dict) -> tuple:
         order=order,
         lr=problem["lr"],
         momentum=problem["momentum"],
-        coarse=options["coarse"],
-        alpha_growth=options["alpha_growth"],
-        alpha_cap=options["alpha_cap"],
-        substeps=options["substeps"],
-        coarse_batches=options["coarse_batches"],
+        **SolverConfig(**options).propagator_kwargs(),
     )
     return net, prop
-
-
-def _solver_options(options: dict) -> dict:
-    """The :class:`MGRIT` keywords of a preset's ``options``."""
-    keys = ("cfactor", "cf_iter", "cycle_type", "weight_c", "weight_c_growth", "tol", "rtol", "max_iter")
-    return {**{k: options[k] for k in keys}, "nested_iteration": options["nested_iteration"]}
 
 
 def _trainer_settings(problem: dict) -> dict:
@@ -151,9 +141,8 @@ def run_study(problem: dict, n_steps: int, options: dict, *, levels: int, worker
     record = {"n_steps": n_steps, "levels": levels}
     start = time.perf_counter()
     try:
-        result = MGRIT(
-            prop, prop.initial_state(net), n_steps, levels=levels, **_solver_options(options), intervals_per_task=1
-        ).solve()
+        config = SolverConfig(**{**options, "levels": levels})
+        result = MGRIT.from_config(prop, prop.initial_state(net), n_steps, config, intervals_per_task=1).solve()
     except MGRITDiverged as exc:
         record.update(
             status="diverged",

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged, PropagatorError
     from daskann.mgrit import linear, presets, problem, propagators, solver, trainer, workmodel  # noqa: F401
     from daskann.mgrit._adapt import Adaptation
-    from daskann.mgrit.presets import PRESETS, resolve_preset
+    from daskann.mgrit.presets import PRESETS, SolverConfig, resolve_preset
     from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
     from daskann.mgrit.propagators import SGDPropagator, auto_alpha_cap, stable_alpha_cap, top_curvature
     from daskann.mgrit.solver import MGRIT, IterationInfo, MGRITResult, solve
@@ -39,6 +39,7 @@ __all__ = [
     "Propagator",
     "PropagatorError",
     "SGDPropagator",
+    "SolverConfig",
     "StateLayout",
     "auto_alpha_cap",
     "linear",
@@ -67,6 +68,7 @@ __getattr__, __dir__ = attach(
         "Propagator": "daskann.mgrit.problem",
         "PropagatorError": "daskann.exceptions",
         "SGDPropagator": "daskann.mgrit.propagators",
+        "SolverConfig": "daskann.mgrit.presets",
         "StateLayout": "daskann.mgrit.problem",
         "auto_alpha_cap": "daskann.mgrit.propagators",
         "resolve_preset": "daskann.mgrit.presets",

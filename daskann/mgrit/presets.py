@@ -39,8 +39,8 @@ that must stay inside SGD's stability region). What each preset is, exactly:
 
 ``"solver1"`` to ``"solver3"`` stop at an absolute residual of 1e-9 (2-norm
 over the fine C-points) or after 50 iterations; all start from ``u_i = u_0``
-and use 3 levels unless told otherwise. Every option can be overridden
-(:func:`resolve_preset`).
+and use 3 levels unless told otherwise. Each is a :class:`SolverConfig`; every
+option can be overridden (:func:`resolve_preset`).
 
 The paper's own solvers (Schroder, arXiv:1708.02276 v2) are
 :data:`PAPER_PRESETS`, resolved by :func:`paper_options` for a given number
@@ -79,38 +79,121 @@ gradient halfway); ``"repeat"`` two applications at ``alpha^(l)`` each
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from daskann._typing import CycleType
 from daskann._validation import check_choice, check_int, invalid
 
-_COMMON = {
-    "levels": 3,
-    "cfactor": 4,
-    "cf_iter": 1,
-    "cycle_type": "V",
-    "weight_c": 1.0,
-    "weight_c_growth": 1.0,
-    "tol": 1e-9,
-    "rtol": None,
-    "max_iter": 50,
-    "nested_iteration": False,
-    "coarse": "scaled",
-    "alpha_growth": None,
-    "alpha_cap": "auto",
-    "substeps": 1,
-    "coarse_batches": 1,
-}
 
-PRESETS: dict[str, dict] = {
-    "solver1": {**_COMMON, "cf_iter": 0, "alpha_cap": None},
-    "solver2": {**_COMMON},
-    "solver3": {**_COMMON, "cycle_type": "F"},
-    "solver4": {**_COMMON, "rtol": 1e-9},
+def _solver(default):
+    return field(default=default, metadata={"of": "solver"})
+
+
+def _coarse(default):
+    return field(default=default, metadata={"of": "propagator"})
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """One MGRIT configuration: the solver's cycles and stopping tests, and its coarse propagator.
+
+    The one declaration of these options: :data:`PRESETS` are named
+    instances, :func:`resolve_preset` overrides one, :class:`daskann.mgrit.MGRITSolverOptions`
+    takes each as a keyword (None: the preset's), and a trainer's solver is
+    made from one (:meth:`daskann.mgrit.MGRIT.from_config`). The defaults are
+    ``"solver2"``'s. Values are checked where they are used, before any task:
+    the solver's by :class:`daskann.mgrit.MGRIT`, the coarse propagator's by
+    :class:`daskann.mgrit.propagators.SGDPropagator`.
+
+    Attributes
+    ----------
+    levels : int
+        Number of levels; a preset's is a maximum (a short fit keeps the levels its steps allow).
+    cfactor : int or sequence of int
+        Coarsening factor (at least 2), for all levels or per level.
+    cf_iter : int or sequence of int
+        CF sweeps after the first F-relaxation: 0 is F-, 1 FCF-relaxation.
+    cycle_type : {"V", "F"}
+    weight_c : float or sequence of float
+        C-relaxation weight in (0, 2), per level if a sequence.
+    weight_c_growth : float
+        Factor of the C-relaxation weight per coarser level.
+    tol : float
+        Absolute tolerance on the residual norm.
+    rtol : float or None
+        Relative tolerance against the first iteration's residual.
+    max_iter : int
+        Most iterations.
+    nested_iteration : bool
+        Start from the coarse levels' own solutions.
+    coarse : {"scaled", "repeat"} or callable
+        The coarse propagator: one SGD step at a scaled learning rate, the fine
+        steps repeated, or a user's ``coarse(state, start, stop, level)``.
+    alpha_growth : float or None
+        Coarse learning-rate factor ``growth ** level`` (None: the span).
+    alpha_cap : float, "auto" or None
+        Cap of the coarse learning-rate factor (``"auto"``: from the curvature).
+    substeps : int
+        SGD steps per coarse step.
+    coarse_batches : int
+        Minibatches a coarse step's gradient averages.
+    """
+
+    levels: int = _solver(3)
+    cfactor: int | tuple = _solver(4)
+    cf_iter: int | tuple = _solver(1)
+    cycle_type: CycleType = _solver("V")
+    weight_c: float | tuple = _solver(1.0)
+    weight_c_growth: float = _solver(1.0)
+    tol: float = _solver(1e-9)
+    rtol: float | None = _solver(None)
+    max_iter: int = _solver(50)
+    nested_iteration: bool = _solver(False)
+    coarse: str | Callable = _coarse("scaled")
+    alpha_growth: float | None = _coarse(None)
+    alpha_cap: float | str | None = _coarse("auto")
+    substeps: int = _coarse(1)
+    coarse_batches: int = _coarse(1)
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every option, in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def to_dict(self) -> dict:
+        """Every option by name."""
+        return {name: getattr(self, name) for name in self.names()}
+
+    def solver_kwargs(self) -> dict:
+        """The options that are keywords of :class:`daskann.mgrit.MGRIT`."""
+        return self._of("solver")
+
+    def propagator_kwargs(self) -> dict:
+        """The options that are keywords of :class:`daskann.mgrit.propagators.SGDPropagator`."""
+        return self._of("propagator")
+
+    def _of(self, part: str) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.metadata["of"] == part}
+
+
+PRESETS: dict[str, SolverConfig] = {
+    "solver1": SolverConfig(cf_iter=0, alpha_cap=None),
+    "solver2": SolverConfig(),
+    "solver3": SolverConfig(cycle_type="F"),
+    "solver4": SolverConfig(rtol=1e-9),
 }
 
 
 def resolve_preset(name: str, **overrides) -> dict:
     """The options of preset ``name`` with ``overrides`` (options given as None keep the preset's value).
+
+    Returns
+    -------
+    dict
+        :meth:`SolverConfig.to_dict` of the resolved configuration.
 
     Examples
     --------
@@ -118,13 +201,12 @@ def resolve_preset(name: str, **overrides) -> dict:
     'F'
     """
     check_choice("preset", name, tuple(PRESETS))
-    options = dict(PRESETS[name])
-    for key, value in overrides.items():
-        if key not in options:
-            raise invalid("option", key, "one of " + ", ".join(options))
-        if value is not None:
-            options[key] = value
-    return options
+    names = SolverConfig.names()
+    for key in overrides:
+        if key not in names:
+            raise invalid("option", key, "one of " + ", ".join(names))
+    given = {key: value for key, value in overrides.items() if value is not None}
+    return dataclasses.replace(PRESETS[name], **given).to_dict()
 
 
 #: the paper's solvers: coarse learning-rate growth per level and the data of a step

@@ -385,6 +385,12 @@ class MGRIT:
         self.intervals_per_task = intervals_per_task
         self.timeout = timeout
 
+    @classmethod
+    def from_config(cls, propagator, u0, n_steps: int, config, **options):
+        """A solver with the solver options of ``config`` (a :class:`daskann.mgrit.presets.SolverConfig`) and
+        ``options``, the rest of the keywords (``callback``, ``scheduler``, ...)."""
+        return cls(propagator, u0, n_steps, **config.solver_kwargs(), **options)
+
     # -- checks ------------------------------------------------------------------
     def _check(self) -> dict:
         """Every option checked, in one dict (nothing has run yet)."""

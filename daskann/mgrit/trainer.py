@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -24,14 +25,14 @@ from daskann._dask_input import is_dask_array, remote_call
 from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, group_errors, resolve_group
 from daskann._progress import ProgressBar
-from daskann._typing import Activation, CycleType, Loss, MGRITScheduler
+from daskann._typing import Activation, Loss, MGRITScheduler
 from daskann._validation import check_choice, invalid
 from daskann.cluster import check_worker_memory, current_sync_client, shared_directory, worker_addresses
 from daskann.data import BatchOrder
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit import _adapt, _payoff
 from daskann.mgrit._levels import check_hierarchy
-from daskann.mgrit.presets import PRESETS, resolve_preset
+from daskann.mgrit.presets import SolverConfig, resolve_preset
 from daskann.mgrit.problem import StateLayout
 from daskann.mgrit.propagators import SGDPropagator
 from daskann.mgrit.solver import MGRIT, MGRITResult
@@ -132,29 +133,24 @@ class MGRITSolverOptions(OptionGroup):
 
     group = "solver"
 
-    def __init__(
-        self,
-        *,
-        levels=None,
-        cfactor=None,
-        cf_iter=None,
-        cycle_type: CycleType | None = None,
-        weight_c=None,
-        weight_c_growth=None,
-        tol=None,
-        rtol=None,
-        max_iter=None,
-        nested_iteration=None,
-        coarse=None,
-        alpha_growth=None,
-        alpha_cap=None,
-        substeps=None,
-        coarse_batches=None,
-        divergence_factor=1e4,
-        require_convergence=False,
-        compute_error=False,
-    ):
-        self._store(locals())
+    def __init__(self, *, divergence_factor=1e4, require_convergence=False, compute_error=False, **preset_options):
+        for name in preset_options:
+            if name not in SolverConfig.names():
+                raise TypeError(f"{type(self).__name__}.__init__() got an unexpected keyword argument {name!r}")
+        options = dict.fromkeys(SolverConfig.names())  # None: the preset's value
+        options.update(preset_options, divergence_factor=divergence_factor)
+        self._store({**options, "require_convergence": require_convergence, "compute_error": compute_error})
+
+
+def _with_preset_keywords(init) -> inspect.Signature:
+    """``init``'s signature with every :class:`SolverConfig` option (default None: the preset's) before its own
+    keywords: what scikit-learn's ``get_params``, ``clone`` and repr read."""
+    own, *solve, _ = inspect.signature(init).parameters.values()
+    preset = (inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None) for name in SolverConfig.names())
+    return inspect.Signature([own, *preset, *solve])
+
+
+MGRITSolverOptions.__init__.__signature__ = _with_preset_keywords(MGRITSolverOptions.__init__)
 
 
 class MGRITEngineOptions(OptionGroup):
@@ -312,7 +308,7 @@ class MGRITTrainer(BaseTrainer):
         """
         resolve_group(self.engine, MGRITEngineOptions)
         solver = resolve_group(self.solver, MGRITSolverOptions)
-        return resolve_preset(self.preset, **{name: solver[name] for name in PRESETS["solver1"]})
+        return resolve_preset(self.preset, **{name: solver[name] for name in SolverConfig.names()})
 
     def _group_options(self) -> tuple[dict, dict]:
         """Every option of ``solver`` and of ``engine``; the rest of their values are checked where used."""
@@ -557,22 +553,18 @@ class MGRITTrainer(BaseTrainer):
         if first:
             run.store, run.scratch, run.scratch_dir = self._store_path(run_id, run.engine["store"], run.shared)
         inprocess = run.scheduler == "inprocess"
-        return _adapt.AttemptSolver(
+        config = dataclasses.replace(
+            SolverConfig(**options),
+            max_iter=options["max_iter"] if budget is None else budget,
+            nested_iteration=options["nested_iteration"] and initial is None,
+        )
+        return _adapt.AttemptSolver.from_config(
             run.prop,
             u0,
             run.total - run.done,
+            config,
             initial_cpoints=initial,
             stall_budget=budget,
-            levels=options["levels"],
-            cfactor=options["cfactor"],
-            cf_iter=options["cf_iter"],
-            cycle_type=options["cycle_type"],
-            weight_c=options["weight_c"],
-            weight_c_growth=options["weight_c_growth"],
-            tol=options["tol"],
-            rtol=options["rtol"],
-            max_iter=options["max_iter"] if budget is None else budget,
-            nested_iteration=options["nested_iteration"] and initial is None,
             divergence_factor=run.solver["divergence_factor"],
             callback=functools.partial(self._record_iteration, run),
             intervals_per_task=run.engine["intervals_per_task"],
@@ -597,11 +589,7 @@ class MGRITTrainer(BaseTrainer):
             order=run.order,
             lr=settings["lr"],
             momentum=settings["momentum"],
-            coarse=options["coarse"],
-            alpha_growth=options["alpha_growth"],
-            alpha_cap=options["alpha_cap"],
-            substeps=options["substeps"],
-            coarse_batches=options["coarse_batches"],
+            **SolverConfig(**options).propagator_kwargs(),
             step_offset=run.done,
             # without momentum the velocity (the last gradient) is read by no step: a state of the parameters
             # alone halves what every step, copy and write moves; the fit's last gradient is taken at the end
