@@ -26,6 +26,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -771,6 +772,32 @@ def worker_addresses(c: Client) -> list[str]:
     info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]
     staying = {addr: w for addr, w in info.items() if w.get("status") not in LEAVING}
     return [addr for addr, _ in sorted(staying.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
+
+
+def workers_left(c: Client, workers, *, listed=worker_addresses) -> list[str]:
+    """Those of ``workers`` (in their order) that ``listed(c)``, the scheduler's workers now, does not name."""
+    alive = set(listed(c))
+    return [w for w in workers if w not in alive]
+
+
+def wait_watching(futures, look, *, poll: float | None = None):
+    """The first answer of ``look()`` other than None: asked at once, whenever one of ``futures``
+    completes, and at least every ``poll`` seconds (the setting ``npt.poll-interval``, read at each
+    wait, when None).
+
+    The wait on tasks pinned to workers that may leave, which would otherwise hang: ``look`` answers
+    once the futures are done (with their results, or True), and raises the caller's own error when
+    one of the workers it watches has left (:func:`workers_left`) or a task failed.
+    """
+    wake = threading.Event()
+    for future in futures:
+        future.add_done_callback(lambda _: wake.set())
+    while True:
+        wake.clear()
+        answer = look()
+        if answer is not None:
+            return answer
+        wake.wait(config.seconds("npt.poll-interval") if poll is None else poll)
 
 
 def worker_threads(c: Client) -> dict[str, int]:

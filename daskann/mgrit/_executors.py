@@ -22,7 +22,7 @@ from daskann import config
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid
-from daskann.cluster import worker_addresses
+from daskann.cluster import worker_addresses, workers_left
 from daskann.exceptions import DaskannError, LostWorkersError
 from daskann.mgrit._kernels import release_kept
 from daskann.mgrit._plan import owner
@@ -234,7 +234,7 @@ class DaskExecutor:
             except TimeoutError:
                 if left <= PLACEMENT_POLL:
                     raise
-                if not set(workers) <= set(self._workers()):
+                if workers_left(self.scheduler, workers):
                     raise _WorkersLeft from None
 
     def release(self, run: str) -> None:

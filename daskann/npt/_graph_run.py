@@ -27,7 +27,7 @@ import numpy as np
 from distributed import wait
 
 from daskann import config
-from daskann.cluster import current_client, worker_addresses
+from daskann.cluster import current_client, workers_left
 from daskann.exceptions import WorkerLost
 from daskann.npt._replay import Replays
 from daskann.npt._start import RunStart
@@ -259,8 +259,7 @@ class _Watchdog:
         self.timeout = timeout
 
     def missing(self) -> list[str]:
-        alive = set(worker_addresses(self.client))
-        return sorted(self.workers - alive)
+        return workers_left(self.client, sorted(self.workers))
 
     def raise_if_lost(self, anchor, cause: BaseException | None = None) -> None:
         """Raise :class:`WorkerLost` (replay from ``anchor``) if a grid worker left the cluster."""

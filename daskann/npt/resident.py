@@ -23,7 +23,6 @@ graph mode's format and dask arrays read the blocks.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from daskann import config
 from daskann._compat import Task, TaskRef
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import check_float, check_int, invalid
+from daskann.cluster import wait_watching, workers_left
 from daskann.exceptions import LostWorkersError, ResidentError
 from daskann.nn import MLP
 from daskann.npt._exchange import (
@@ -358,8 +358,7 @@ def current_workers(client) -> list[str]:
 
 
 def _check_workers(client, layout: Layout) -> None:
-    alive = set(current_workers(client))
-    missing = [w for w in layout.workers if w not in alive]
+    missing = workers_left(client, layout.workers, listed=current_workers)
     if missing:
         raise invalid("grid", f"a grid on {', '.join(missing)}", "a grid whose workers are all in the cluster now")
 
@@ -551,23 +550,21 @@ def _clean_up(client, run: ResidentRun, futures: list) -> None:
 # -- waiting -------------------------------------------------------------------
 def _wait(client, futures, layout: Layout, run_id: str) -> None:
     """Wait for every worker's task; fail fast and clearly, never hang."""
-    wake = threading.Event()
-    for future in futures:
-        future.add_done_callback(lambda _: wake.set())
-    while True:
-        wake.clear()
+
+    def look():
         status = [f.status for f in futures]
         if all(s == "finished" for s in status):
-            return
+            return True
         failed = any(s in ("error", "cancelled", "lost") for s in status)
-        alive = set(current_workers(client))
-        gone = [w for w in layout.workers if w not in alive]
+        gone = workers_left(client, layout.workers, listed=current_workers)
         if gone:
             described = "; ".join(f"worker {w} (cells {_cells(layout, w)})" for w in gone)
             raise ResidentError(f"resident run {run_id} failed: {described} left the cluster during training")
         if failed:
             raise _failure(futures, layout, run_id)
-        wake.wait(config.seconds("npt.poll-interval"))
+        return None
+
+    wait_watching(futures, look)
 
 
 def _gather_on(client, futures, layout: Layout) -> list:
@@ -575,18 +572,16 @@ def _gather_on(client, futures, layout: Layout) -> list:
 
     Never hangs on a pinned task whose worker is gone: that raises :class:`ResidentError`.
     """
-    wake = threading.Event()
-    for future in futures:
-        future.add_done_callback(lambda _: wake.set())
-    while True:
-        wake.clear()
+
+    def look():
         if all(f.done() for f in futures):
             return client.gather(futures)
-        alive = set(current_workers(client))
-        gone = [w for w in layout.workers if w not in alive]
+        gone = workers_left(client, layout.workers, listed=current_workers)
         if gone:
             raise ResidentError(f"worker(s) {', '.join(gone)} left the cluster while their blocks were read")
-        wake.wait(config.seconds("npt.poll-interval"))
+        return None
+
+    return wait_watching(futures, look)
 
 
 def _failure(futures, layout: Layout, run_id: str) -> ResidentError:
