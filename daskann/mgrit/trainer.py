@@ -434,7 +434,7 @@ class MGRITTrainer(BaseTrainer):
 
         connected = len(worker_addresses(c))
         if _batch.is_batch_cluster(getattr(c, "cluster", None)):
-            return max(connected, _batch.expected(c))
+            return max(connected, len(_batch.expected(c)))  # the jobs it keeps, some perhaps still queued
         return max(connected, 1)
 
     def _train_serially(self, run: _FitRun) -> MGRITResult:
