@@ -136,6 +136,49 @@ def test_exactness_two_levels_any_coarse_propagator(cf_iter):
     assert errors[-2] > 1e-6, "the coarse propagator is so poor that one iteration less is not exact"
 
 
+def test_a_solve_driven_through_its_public_options_continues_from_its_last_iterate():
+    """What the adaptive fit does: stop one solve early, start the next from the iterate it kept."""
+    X, y, net, prop = _problem(
+        coarse=lambda state, start, stop, level: tuple(0.5 * a for a in state), lr=0.01, momentum=0.9
+    )
+    n, m = 64, 4
+    serial = _serial(X, y, n, lr=0.01, momentum=0.9)
+    options = dict(levels=2, cfactor=m, tol=1e-300, divergence_factor=None)
+    first = MGRIT(prop, prop.initial_state(net), n, max_iter=3, **options)
+    assert first.check()["max_iter"] == 3 and first.last_iterate_ is None  # checked, nothing run
+    result = first.solve()
+    rows, norms = first.last_iterate_
+    assert result.status == "max_iter" and rows.shape[0] == n // m and len(norms) == n // m
+    # FCF makes two more C-points exact per iteration: three iterations, then five from where they ended
+    second = MGRIT(prop, prop.initial_state(net), n, max_iter=5, initial_cpoints=rows, **options)
+    fresh = MGRIT(prop, prop.initial_state(net), n, max_iter=5, **options)
+    errors = []
+    for solver in (second, fresh):
+        model, _ = prop.split(solver.solve().state)
+        errors.append(_rel(_flat(model.params), _flat(serial.model_.params)))
+    assert errors[0] < 1e-13 and errors[1] > 1e-6, errors
+
+
+def test_a_stall_criterion_fails_the_solve_with_its_iterate_kept():
+    X, y, net, prop = _problem(
+        coarse=lambda state, start, stop, level: tuple(0.5 * a for a in state), lr=0.01, momentum=0.9
+    )
+    seen = []
+
+    def stall(residuals, tol):
+        seen.append(len(residuals))
+        return len(residuals) == 2
+
+    solver = MGRIT(prop, prop.initial_state(net), 64, levels=2, cfactor=4, tol=1e-300, stall=stall)
+    with pytest.raises(MGRITDiverged, match="stalled") as info:
+        solver.solve()
+    assert info.value.stalled and seen == [1, 2]
+    rows, norms = solver.last_iterate_
+    assert rows.shape[0] == 16 and len(norms) == 16
+    with pytest.raises(TypeError, match="stall="):
+        MGRIT(prop, prop.initial_state(net), 64, stall="yes").check()
+
+
 def test_auto_alpha_cap_follows_the_learning_rate():
     caps = [_problem(lr=lr, alpha_cap="auto")[3].alpha_cap for lr in (1e-3, 1e-2)]
     assert 5 < caps[0] / caps[1] < 20 and caps[1] >= 1.0

@@ -12,17 +12,15 @@ propagated serially, so the trainer always ends at serial training's weights.
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from daskann._blas import one_blas_thread
-from daskann.exceptions import MGRITDiverged, TrainingDiverged
+from daskann.exceptions import TrainingDiverged
 from daskann.mgrit import workmodel
 from daskann.mgrit._run import SERIES, IterationRecord, series
-from daskann.mgrit.solver import MGRIT, MGRITResult
+from daskann.mgrit.solver import MGRITResult
 
 #: iterations over which the residual must fall by ``STALL_FACTOR`` (or be on course for ``tol``)
 STALL_WINDOW = 5
@@ -82,75 +80,6 @@ def stalled(residuals, tol: float) -> bool:
         return False
     now, then = residuals[-1], residuals[-1 - STALL_WINDOW]
     return now > tol and now > STALL_FACTOR * then
-
-
-class AttemptSolver(MGRIT):
-    """:class:`MGRIT` that starts from given fine C-points, gives up on a stall, and keeps its last iterate.
-
-    Parameters
-    ----------
-    *args, **kwargs
-        As :class:`MGRIT`.
-    initial_cpoints : ndarray, optional
-        Rows of the fine C-points to start from (a failed attempt's).
-    stall_budget : int, optional
-        Iterations the attempt may take (its ``max_iter``); given, a stalled
-        residual (:func:`stalled`) fails the attempt (None: no stall test).
-    scratch_dir : path, optional
-        Folder, seen by every worker, that holds the attempt's temporary store
-        when ``store`` is None (created if missing; the store is removed when
-        the attempt ends). None: a temporary folder of this machine.
-    """
-
-    def __init__(self, *args, initial_cpoints=None, stall_budget=None, scratch_dir=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.initial_cpoints = initial_cpoints
-        self.stall_budget = stall_budget
-        self.scratch_dir = scratch_dir
-        self.kept = None  # (C-point rows, their residuals) of the last committed iteration
-        self.before_last = None  # (fine step, flat state) of the last C-point before the final step, once converged
-        self._norms: list[float] = []
-
-    def _check(self) -> dict:
-        opt = super()._check()
-        opt["initial_cpoints"] = self.initial_cpoints
-        if self.stall_budget is not None:
-            opt["stall"] = stalled
-        return opt
-
-    def _store_path(self, scheduler) -> tuple[Path, Path | None]:
-        """The store's path and the temporary folder holding it, made in ``scratch_dir`` when that is given."""
-        if self.store is not None or self.scratch_dir is None:
-            return super()._store_path(scheduler)
-        # the folder was chosen because every worker sees it: no check that the workers are on this machine
-        folder = Path(self.scratch_dir)
-        folder.mkdir(parents=True, exist_ok=True)  # the run's store, when the attempt before failed before making it
-        temporary = Path(tempfile.mkdtemp(prefix="daskann-mgrit-", dir=folder))
-        return temporary / "trajectory.zarr", temporary
-
-    def _report(self, run, k, record, converged) -> None:
-        self._norms = list(run.norms)
-        super()._report(run, k, record, converged)
-
-    def _iterate(self, run) -> str:
-        try:
-            status = super()._iterate(run)
-        except MGRITDiverged:
-            self._keep(run)
-            raise
-        if status != "converged":
-            self._keep(run)
-        return status
-
-    def _finished(self, run) -> None:
-        # a state without velocity: the trainer steps from this point to the final step's gradient
-        if run.status == "converged" and not getattr(self.propagator, "velocity", True):
-            self.before_last = run.point_before(run.hierarchy.n_steps)
-
-    def _keep(self, run) -> None:
-        slot = run.progress.get("committed")
-        if run.progress.get("iteration", 0) > 0 and slot is not None and self._norms:
-            self.kept = (np.array(run.cpoints(slot)), list(self._norms))
 
 
 def next_change(attempt: int, options: dict, alpha_max: float, *, callable_coarse: bool) -> tuple[str, dict] | None:
@@ -271,7 +200,6 @@ def combined_result(
 
 __all__ = [
     "Adaptation",
-    "AttemptSolver",
     "combined_paper_speedup",
     "combined_result",
     "finish_serially",

@@ -89,7 +89,7 @@ class SolveRun:
     Parameters
     ----------
     opt : dict
-        The checked options (:meth:`MGRIT._check`).
+        The checked options (:meth:`MGRIT.check`).
     context : Context
         Propagator, layout, hierarchy and ``u0``.
     store : MemoryTrajectory or ZarrTrajectory

@@ -323,6 +323,27 @@ class MGRIT:
         with ``"auto"``).
     timeout : float
         Seconds one iteration may take on a cluster.
+    initial_cpoints : ndarray, optional
+        Rows of the fine C-points to start from (an earlier solve's
+        :attr:`last_iterate_`, say) instead of ``initial_guess``.
+    stall : callable, optional
+        ``stall(residuals, tol) -> bool`` after each iteration (pymgrit's
+        ``convergence_criterion`` turned around): true fails the solve with
+        :class:`MGRITDiverged` (its ``stalled`` attribute set).
+    scratch_dir : path, optional
+        Folder, seen by every worker, for the temporary store when ``store``
+        is None (created if missing; the store is removed afterwards). None:
+        a temporary folder of this machine.
+
+    Attributes
+    ----------
+    last_iterate_ : tuple or None
+        After a solve that ended without converging (stopped, ``max_iter``, or
+        :class:`MGRITDiverged`): the fine C-point rows of its last completed
+        iteration and their residual norms; None otherwise.
+    point_before_end_ : tuple or None
+        After a converged solve: the fine step of the last C-point before the
+        final step (0 for ``u0``) and its flat state.
 
     Examples
     --------
@@ -359,6 +380,9 @@ class MGRIT:
         run_id: str | None = None,
         intervals_per_task="auto",
         timeout: float = 600.0,
+        initial_cpoints=None,
+        stall: Callable | None = None,
+        scratch_dir=None,
     ):
         self.propagator = propagator
         self.u0 = u0
@@ -384,6 +408,11 @@ class MGRIT:
         self.run_id = run_id
         self.intervals_per_task = intervals_per_task
         self.timeout = timeout
+        self.initial_cpoints = initial_cpoints
+        self.stall = stall
+        self.scratch_dir = scratch_dir
+        self.last_iterate_ = None
+        self.point_before_end_ = None
 
     @classmethod
     def from_config(cls, propagator, u0, n_steps: int, config, **options):
@@ -392,8 +421,14 @@ class MGRIT:
         return cls(propagator, u0, n_steps, **config.solver_kwargs(), **options)
 
     # -- checks ------------------------------------------------------------------
-    def _check(self) -> dict:
-        """Every option checked, in one dict (nothing has run yet)."""
+    def check(self) -> dict:
+        """Every option checked, in one dict: what :meth:`solve` runs with (nothing runs here).
+
+        Raises
+        ------
+        ValueError, TypeError
+            An option, named with its value and what would be valid.
+        """
         prop = self.propagator
         if not isinstance(prop, Propagator):
             if not callable(prop):
@@ -460,8 +495,9 @@ class MGRIT:
         }
 
     def _check_execution(self) -> dict:
-        if self.callback is not None and not callable(self.callback):
-            raise invalid("callback", self.callback, "a callable or None", TypeError)
+        for name in ("callback", "stall"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise invalid(name, getattr(self, name), "a callable or None", TypeError)
         block = self.intervals_per_task
         if block != "auto":
             block = check_int("intervals_per_task", block)
@@ -493,7 +529,15 @@ class MGRIT:
             or not self.run_id.replace("-", "").replace("_", "").isalnum()
         ):
             raise invalid("run_id", self.run_id, "a non-empty string of letters, digits, '-' and '_'")
-        return {"intervals_per_task": block, "timeout": timeout, "scheduler": scheduler}
+        if self.scratch_dir is not None and not isinstance(self.scratch_dir, (str, Path)):
+            raise invalid("scratch_dir", self.scratch_dir, "a folder path or None", TypeError)
+        return {
+            "intervals_per_task": block,
+            "timeout": timeout,
+            "scheduler": scheduler,
+            "initial_cpoints": self.initial_cpoints,
+            "stall": self.stall,
+        }
 
     @staticmethod
     def _self_test(prop, layout, hierarchy: Hierarchy, u0_vec) -> None:
@@ -545,7 +589,8 @@ class MGRIT:
         PropagatorError
             The propagator returned another structure, shape or dtype.
         """
-        opt = self._check()
+        opt = self.check()
+        self.last_iterate_ = self.point_before_end_ = None
         if opt["scheduler"] == "distributed":
             with resolve_client(None) as client:
                 opt["scheduler"] = client
@@ -568,12 +613,27 @@ class MGRIT:
         return self._result(run, opt, setup_time=setup_time, solve_time=time.perf_counter() - t_solve, fine_points=fine)
 
     def _iterate(self, run: SolveRun) -> str:
-        """Iterate until converged or ``max_iter`` (pymgrit's ``solve`` loop); the final status."""
+        """Iterate until converged or ``max_iter`` (pymgrit's ``solve`` loop); the final status.
+
+        A solve that ends otherwise keeps its last completed iteration in :attr:`last_iterate_`.
+        """
+        committed: list[float] = []  # the C-point residuals of the last completed iteration
+        try:
+            status = self._iterations(run, committed)
+        except MGRITDiverged:
+            self._keep_last_iterate(run, committed)
+            raise
+        if status != "converged":
+            self._keep_last_iterate(run, committed)
+        return status
+
+    def _iterations(self, run: SolveRun, committed: list[float]) -> str:
         for k in range(run.iteration + 1, run.opt["max_iter"] + 1):
             record, norms = run.iterate(k)
             run.check_stable(k, norms)
             converged = run.converged()
             run.commit(k, "converged" if converged else "running")
+            committed[:] = norms
             try:
                 self._report(run, k, record, converged)
             except StopIteration:
@@ -608,13 +668,26 @@ class MGRIT:
         context = Context(prop, layout, hierarchy, u0_vec)
         return SolveRun(opt, context, store, progress, prefix, run_id=run_id, temporary=temporary)
 
+    def _keep_last_iterate(self, run: SolveRun, norms: list[float]) -> None:
+        slot = run.progress.get("committed")
+        if run.progress.get("iteration", 0) > 0 and slot is not None and norms:
+            self.last_iterate_ = (np.array(run.cpoints(slot)), list(norms))
+
     def _finished(self, run: SolveRun) -> None:
-        """Called once the iterations ended, with the run's store still open (for a subclass to read it)."""
+        """Read what the run's store holds for the caller, before the store is closed."""
+        if run.status == "converged":
+            self.point_before_end_ = run.point_before(run.hierarchy.n_steps)
 
     def _store_path(self, scheduler) -> tuple[Path, Path | None]:
         """The store's path, and the temporary folder holding it when none was given."""
         if self.store is not None:
             return Path(self.store), None
+        if self.scratch_dir is not None:
+            # the folder was chosen because every worker sees it: no check that the workers are on this machine
+            folder = Path(self.scratch_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            temporary = Path(tempfile.mkdtemp(prefix="daskann-mgrit-", dir=folder))
+            return temporary / "trajectory.zarr", temporary
         if isinstance(scheduler, Client) and not _workers_are_local(scheduler):
             raise invalid(
                 "store",

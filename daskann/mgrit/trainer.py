@@ -377,7 +377,7 @@ class MGRITTrainer(BaseTrainer):
         self._forget_fit()
         run = self._prepare_fit(X, y, steps, epochs, validation_data, eval_every, init_model, resume)
         solver = self._plan_solver(run)
-        solver._check()  # every solver option, before the reference run and before any task
+        solver.check()  # every solver option, before the reference run and before any task
         if not run.solver["require_convergence"]:
             run.forecast = self._forecast(run)  # recorded in result_ whatever the policy
         if run.policy == "predict" and not run.forecast.pays:
@@ -558,13 +558,13 @@ class MGRITTrainer(BaseTrainer):
             max_iter=options["max_iter"] if budget is None else budget,
             nested_iteration=options["nested_iteration"] and initial is None,
         )
-        return _adapt.AttemptSolver.from_config(
+        return MGRIT.from_config(
             run.prop,
             u0,
             run.total - run.done,
             config,
             initial_cpoints=initial,
-            stall_budget=budget,
+            stall=None if budget is None else _adapt.stalled,  # with a budget a stalled attempt fails early
             divergence_factor=run.solver["divergence_factor"],
             callback=functools.partial(self._record_iteration, run),
             intervals_per_task=run.engine["intervals_per_task"],
@@ -659,10 +659,10 @@ class MGRITTrainer(BaseTrainer):
                 check_worker_memory(client, run.data.X.nbytes + run.data.y.nbytes, name="X")
                 solver.scheduler = client
                 result = solver.solve()
-        run.before_last = solver.before_last
+        run.before_last = solver.point_before_end_
         return result
 
-    def _solve_adaptive(self, run: _FitRun, solver: _adapt.AttemptSolver) -> MGRITResult:
+    def _solve_adaptive(self, run: _FitRun, solver: MGRIT) -> MGRITResult:
         """Attempts along the adaptation ladder, then the serial finish: a result holding serial's weights."""
         budget = run.options["max_iter"]
         options, change, kept, template = dict(run.options), "", None, None
@@ -670,7 +670,7 @@ class MGRITTrainer(BaseTrainer):
         adaptations: list[_adapt.Adaptation] = []
         t_start = time.perf_counter()
         while True:
-            opt = solver._check()
+            opt = solver.check()
             hierarchy = opt["hierarchy"]
             t0 = time.perf_counter()
             try:
@@ -685,7 +685,7 @@ class MGRITTrainer(BaseTrainer):
                 outcome = "stalled" if stalled else "diverged"
                 reason = exc.what if stalled else f"{exc.what} on level {exc.level} at fine step {exc.step}"
                 reason += f" (iteration {exc.iteration})"
-            kept = solver.kept or kept
+            kept = solver.last_iterate_ or kept
             records += new
             work, path = _adapt.records_cost(new)
             adaptations.append(
