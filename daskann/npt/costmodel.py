@@ -84,6 +84,14 @@ class CostModel:
         Every worker multiplies at ``cluster.flop_rate``; a dependent hop is a
         task's scheduling (``task_overhead``) plus one message (``latency``),
         as :func:`daskann.plan.measure_cluster` splits the hop it measures.
+
+        Parameters
+        ----------
+        cluster : ClusterSpec
+            Read for ``flop_rate``, ``gemm_overhead``, ``task_overhead``,
+            ``latency`` and ``bandwidth``.
+        n_workers : int
+            Workers the grids are predicted on.
         """
         top = max(n_workers, 2)
         return cls(
@@ -330,6 +338,14 @@ def gemm_probes(client, workers, *, rounds: int = 1) -> list[tuple[float, float]
 
     The workers probe together, so that workers sharing cores show it;
     ``rounds`` rounds give ``rounds * len(workers)`` pairs.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    workers : list of str
+        Worker addresses that probe together.
+    rounds : int
+        Rounds of probes, one after the other.
     """
     return [v for _ in range(rounds) for v in client.run(_gemm_probe, workers=list(workers)).values()]
 
@@ -347,6 +363,12 @@ def task_seconds(client, *, n_tasks: int = 120) -> float:
 
     A few tasks first warm the workers up (the function shipped, the task
     path taken once), so the batch times the scheduler alone.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    n_tasks : int
+        Tasks of the timed batch.
     """
     prefix = f"daskann-measure-{uuid.uuid4().hex[:10]}"
     client.gather(client.map(_noop, range(8), key=[f"{prefix}-warm-{k}" for k in range(8)], pure=False))
@@ -362,6 +384,18 @@ def hop_seconds(client, workers, nbytes: int = 8, *, hops: int = 16, repeats: in
     A hop is a task done, the scheduler told, the next task started on the
     other worker and the result moved to it; the median of ``repeats``
     chains of ``hops`` hops, as a busy machine stalls single hops.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    workers : list of str
+        Worker addresses; the first two take turns (the one, on one worker).
+    nbytes : int
+        Bytes each task returns, moved to the next worker.
+    hops : int
+        Hops of one chain.
+    repeats : int
+        Chains timed; the median is returned.
     """
     pair = list(workers[:2]) if len(workers) > 1 else list(workers) * 2
     prefix = f"daskann-measure-{uuid.uuid4().hex[:10]}"
