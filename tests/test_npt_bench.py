@@ -114,8 +114,8 @@ def test_bench_reports_the_bound_and_set_up_per_row(client2, tmp_path, monkeypat
     from daskann.npt import costmodel
 
     measured = []
-    measure_flops = costmodel._measure_flops
-    monkeypatch.setattr(costmodel, "_measure_flops", lambda *a: measured.append(1) or measure_flops(*a))
+    task_seconds = costmodel.task_seconds
+    monkeypatch.setattr(costmodel, "task_seconds", lambda *a, **k: measured.append(1) or task_seconds(*a, **k))
     result = bench.run(client2, config, log=lambda *_: None)
     hardware = result["hardware"]
     assert hardware["cores"] >= 1 and hardware["gemm_rate"] == max(hardware["gemm_rates"]) > 0

@@ -19,6 +19,12 @@ prediction; a ``1x1`` grid (a single worker) wins when no grid pays.
 ``mode="auto"`` takes graph mode when a block product lasts long enough to
 hide a dependent hop (:data:`GRAPH_MIN_PRODUCT_HOPS` hops), resident mode
 otherwise.
+
+The timings themselves (:func:`gemm_probes`, :func:`task_seconds`,
+:func:`hop_seconds`) are the cluster measurement the planner shares:
+:func:`daskann.plan.measure_cluster` builds its description of the cluster
+from the same functions, and :meth:`CostModel.from_cluster` reads such a
+description back as a cost model.
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ import numpy as np
 from daskann._gemm import gemm_call_seconds, gemm_rate
 from daskann._validation import invalid
 from daskann.cluster import worker_addresses
-from daskann.npt._graph import GraphBuilder
 from daskann.npt.grid import split_sizes
 
 #: a block product must last this many dependent-task hops for graph mode to pay
@@ -71,6 +76,33 @@ class CostModel:
     latency: float
     bandwidth: float
     n_workers: int
+
+    @classmethod
+    def from_cluster(cls, cluster, n_workers: int) -> CostModel:
+        """The cost model of a described cluster (:class:`daskann.plan.ClusterSpec`) on ``n_workers`` workers.
+
+        Every worker multiplies at ``cluster.flop_rate``; a dependent hop is a
+        task's scheduling (``task_overhead``) plus one message (``latency``),
+        as :func:`daskann.plan.measure_cluster` splits the hop it measures.
+
+        Parameters
+        ----------
+        cluster : ClusterSpec
+            Read for ``flop_rate``, ``gemm_overhead``, ``task_overhead``,
+            ``latency`` and ``bandwidth``.
+        n_workers : int
+            Workers the grids are predicted on.
+        """
+        top = max(n_workers, 2)
+        return cls(
+            flop_rate={1: cluster.flop_rate, top: cluster.flop_rate},
+            gemm_overhead=cluster.gemm_overhead,
+            task_cost=cluster.task_overhead,
+            task_latency=cluster.task_overhead + cluster.latency,
+            latency=cluster.latency,
+            bandwidth=cluster.bandwidth,
+            n_workers=n_workers,
+        )
 
     def rate(self, busy: int) -> float:
         """Flop rate of one worker while ``busy`` workers multiply.
@@ -268,6 +300,8 @@ def choose_grid(
 
 
 # -- measuring -----------------------------------------------------------------------
+# One function per measured quantity: the cost model (:func:`measure`) and the planner
+# (:func:`daskann.plan.measure_cluster`) both time the cluster with these.
 def measure(client, *, refresh: bool = False) -> CostModel:
     """Measure (or fetch from the cache) the cost model of ``client``'s cluster."""
     workers = worker_addresses(client)
@@ -276,60 +310,112 @@ def measure(client, *, refresh: bool = False) -> CostModel:
     cache_key = (client.scheduler.address, tuple(workers))
     if not refresh and cache_key in _CACHE:
         return _CACHE[cache_key]
-    flop_rate, overhead = _measure_flops(client, workers)
-    task_cost, task_latency = _measure_tasks(client, workers)
-    latency, bandwidth = _measure_transfers(client, workers, task_latency)
-    model = CostModel(flop_rate, overhead, task_cost, task_latency, latency, bandwidth, len(workers))
+    flop_rate, calls = {}, []
+    for p in worker_counts(len(workers), 7):
+        probes = gemm_probes(client, workers[:p])
+        flop_rate[p] = float(np.median([rate for rate, _ in probes]))
+        calls += [call for _, call in probes]
+    task_cost = task_seconds(client, n_tasks=120)
+    task_latency = hop_seconds(client, workers)
+    latency, bandwidth = _message_costs(client, workers, task_latency)
+    model = CostModel(flop_rate, float(np.median(calls)), task_cost, task_latency, latency, bandwidth, len(workers))
     _CACHE[cache_key] = model
     return model
 
 
-def _gemm_rate(n: int = 256, seconds: float = 0.15, small: int = 8) -> tuple[float, float]:
+def worker_counts(n_workers: int, doublings: int) -> list[int]:
+    """1, the powers of two below ``n_workers`` (up to ``2**doublings``) and ``n_workers``, ascending."""
+    return sorted({1, n_workers} | {2**k for k in range(1, doublings + 1) if 2**k < n_workers})
+
+
+def _gemm_probe(n: int = 256, seconds: float = 0.15, small: int = 8) -> tuple[float, float]:
     """Flop rate of ``n x n`` GEMMs and the time of a tiny GEMM call (runs on a worker)."""
     return gemm_rate(n, seconds=seconds), gemm_call_seconds(small)
 
 
-def _measure_flops(client, workers) -> tuple[dict, float]:
-    counts = sorted({1, len(workers)} | {2**k for k in range(1, 8) if 2**k < len(workers)})
-    rates, overheads = {}, []
-    for p in counts:
-        out = client.run(_gemm_rate, workers=workers[:p])
-        values = list(out.values())
-        rates[p] = float(np.median([v[0] for v in values]))
-        overheads += [v[1] for v in values]
-    return rates, float(np.median(overheads))
+def gemm_probes(client, workers, *, rounds: int = 1) -> list[tuple[float, float]]:
+    """``(flop/s, seconds of a tiny GEMM call)`` of each of ``workers``, all multiplying at once.
+
+    The workers probe together, so that workers sharing cores show it;
+    ``rounds`` rounds give ``rounds * len(workers)`` pairs.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    workers : list of str
+        Worker addresses that probe together.
+    rounds : int
+        Rounds of probes, one after the other.
+    """
+    return [v for _ in range(rounds) for v in client.run(_gemm_probe, workers=list(workers)).values()]
 
 
 def _noop(*args):
     return None
 
 
-def _make(nbytes: int, *deps):
+def _payload(nbytes: int, *deps):
     return np.ones(max(nbytes // 8, 1))
 
 
-def _measure_tasks(client, workers, n_tasks: int = 120, chain: int = 24) -> tuple[float, float]:
-    name = f"daskann-npt-cost-{uuid.uuid4().hex[:10]}"
-    builder = GraphBuilder(client, f"{name}-many")
-    keys = [builder.add(f"{name}-many-{k}", _noop, k, owner=workers[k % len(workers)]) for k in range(n_tasks)]
+def task_seconds(client, *, n_tasks: int = 120) -> float:
+    """Wall seconds per task of a batch of ``n_tasks`` no-op tasks: the scheduler's throughput.
+
+    A few tasks first warm the workers up (the function shipped, the task
+    path taken once), so the batch times the scheduler alone.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    n_tasks : int
+        Tasks of the timed batch.
+    """
+    prefix = f"daskann-measure-{uuid.uuid4().hex[:10]}"
+    client.gather(client.map(_noop, range(8), key=[f"{prefix}-warm-{k}" for k in range(8)], pure=False))
     t0 = time.perf_counter()
-    futures = builder.submit(keys)
-    client.gather(list(futures.values()))
-    task_cost = (time.perf_counter() - t0) / n_tasks
-    del futures
-    pair = workers[:2] if len(workers) > 1 else workers * 2
-    builder = GraphBuilder(client, f"{name}-chain")
-    prev = None
-    for k in range(chain):
-        prev = builder.add(f"{name}-chain-{k}", _make, 8, *([builder.ref(prev)] if prev else []), owner=pair[k % 2])
-    t0 = time.perf_counter()
-    futures = builder.submit([prev])
-    client.gather(list(futures.values()))
-    task_latency = (time.perf_counter() - t0) / chain
-    return task_cost, task_latency
+    futures = client.map(_noop, range(n_tasks), key=[f"{prefix}-batch-{k}" for k in range(n_tasks)], pure=False)
+    client.gather(futures)
+    return (time.perf_counter() - t0) / n_tasks
 
 
-def _measure_transfers(client, workers, task_latency: float, nbytes: int = 8 * 2**20) -> tuple[float, float]:
+def hop_seconds(client, workers, nbytes: int = 8, *, hops: int = 16, repeats: int = 3) -> float:
+    """Seconds of one dependent hop between two of ``workers``, each task returning ``nbytes``.
+
+    A hop is a task done, the scheduler told, the next task started on the
+    other worker and the result moved to it; the median of ``repeats``
+    chains of ``hops`` hops, as a busy machine stalls single hops.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    workers : list of str
+        Worker addresses; the first two take turns (the one, on one worker).
+    nbytes : int
+        Bytes each task returns, moved to the next worker.
+    hops : int
+        Hops of one chain.
+    repeats : int
+        Chains timed; the median is returned.
+    """
+    pair = list(workers[:2]) if len(workers) > 1 else list(workers) * 2
+    prefix = f"daskann-measure-{uuid.uuid4().hex[:10]}"
+
+    def chain(tag: int) -> float:
+        prev = None
+        t0 = time.perf_counter()
+        for k in range(hops):
+            deps = [prev] if prev is not None else []
+            prev = client.submit(
+                _payload, nbytes, *deps, key=f"{prefix}-{tag}-{k}", workers=[pair[k % 2]], allow_other_workers=False
+            )
+        prev.result()
+        return (time.perf_counter() - t0) / hops
+
+    return float(np.median([chain(r) for r in range(repeats)]))
+
+
+def _message_costs(client, workers, task_latency: float, nbytes: int = 8 * 2**20) -> tuple[float, float]:
+    """One-way seconds and bytes/s of a direct worker-to-worker message (resident mode's exchange)."""
     if len(workers) < 2:
         return task_latency, 1e9
     # imported on first use, so that importing the cost model does not load the resident engine

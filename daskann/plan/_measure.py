@@ -1,15 +1,16 @@
 """The planner's cluster measured live: GEMM rate, messages, tasks, and short pilot runs of each method.
 
 :func:`measure_cluster` fills a :class:`~daskann.plan._cluster.ClusterSpec`
-from timed work on the cluster at hand; the pilots' costs are what the models
-of :mod:`daskann.plan._model` leave out, so this module reads those models.
+from timed work on the cluster at hand (the GEMM, task and hop timings of
+:mod:`daskann.npt.costmodel`, which NPT's cost model reads too); the
+pilots' costs are what the models of :mod:`daskann.plan._model` leave out,
+so this module reads those models.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-import uuid
 import warnings
 from dataclasses import replace
 
@@ -17,12 +18,13 @@ import dask
 import numpy as np
 import zarr
 
-from daskann._gemm import gemm_call_seconds, gemm_rate
+from daskann._gemm import gemm_call_seconds
 from daskann._validation import invalid
 from daskann.cluster import worker_addresses
 from daskann.mgrit import MGRITTrainer
 from daskann.nn import MLP, SGD
 from daskann.npt import NPTTrainer
+from daskann.npt.costmodel import gemm_probes, hop_seconds, task_seconds, worker_counts
 from daskann.partition import PartitionTrainer
 from daskann.plan._cluster import ClusterSpec
 from daskann.plan._model import (
@@ -261,14 +263,6 @@ def _store_cost(repeats: int = 20) -> float:
         return (time.perf_counter() - t0) / (2 * repeats)
 
 
-def _noop(*args):
-    return None
-
-
-def _payload(nbytes: int, *deps):
-    return np.ones(max(nbytes // 8, 1))
-
-
 def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> ClusterSpec:
     """Measure a live cluster: GEMM rate, message latency, link bandwidth, per-task costs.
 
@@ -294,22 +288,16 @@ def measure_cluster(client, *, workers=None, n_tasks: int = 200, net=None) -> Cl
     names = sorted(worker_addresses(client))
     if not names:
         raise invalid("client", "a cluster without workers", "a cluster with at least one worker")
-    rates = [v for _ in range(3) for v in client.run(gemm_rate, workers=names).values()]
-    flop_rate = float(np.max(rates))  # the machine's rate: other load on it only ever lowers a sample
+    # the machine's rate: other load on it only ever lowers a sample
+    flop_rate = max(rate for rate, _ in gemm_probes(client, names, rounds=3))
     per_step = step_costs(client, flop_rate, net)
     store = float(next(iter(client.run(_store_cost, workers=names[:1]).values())))
-    prefix = f"daskann-plan-measure-{uuid.uuid4().hex[:8]}"
-    client.gather(client.map(_noop, range(8), key=[f"{prefix}-warm-{k}" for k in range(8)], pure=False))
-    t0 = time.perf_counter()
-    futures = client.map(_noop, range(n_tasks), key=[f"{prefix}-batch-{k}" for k in range(n_tasks)], pure=False)
-    client.gather(futures)
-    task_overhead = (time.perf_counter() - t0) / n_tasks * len(names)  # the tasks ran side by side
-    del futures
-    hop, bandwidth = _links(client, names, prefix)
+    task_overhead = task_seconds(client, n_tasks=n_tasks) * len(names)  # the tasks ran side by side
+    hop, bandwidth = _links(client, names)
     # a dependent hop is a task's scheduling plus one message: keep the message's share
     latency = max(hop - task_overhead, 1e-2 * hop)
     count = len(names)
-    counts = sorted({1, count} | {2**k for k in range(1, 12) if 2**k < count})
+    counts = worker_counts(count, 11)
     cluster = ClusterSpec(
         workers=tuple(counts),
         flop_rate=flop_rate,
@@ -353,26 +341,12 @@ def step_costs(client, flop_rate: float, net=None) -> dict:
     }
 
 
-def _links(client, names, prefix: str, hops: int = 16, nbytes: int = 16 * 2**20) -> tuple[float, float]:
-    """Seconds of one dependent hop between two workers, and bytes/s of a block moved over one."""
-    pair = names[:2] if len(names) > 1 else names * 2
-
-    def chain(size: int, tag: str) -> float:
-        prev = None
-        t0 = time.perf_counter()
-        for k in range(hops):
-            deps = [prev] if prev is not None else []
-            prev = client.submit(
-                _payload, size, *deps, key=f"{prefix}-{tag}-{k}", workers=[pair[k % 2]], allow_other_workers=False
-            )
-        prev.result()
-        return (time.perf_counter() - t0) / hops
-
-    # medians of a few chains: a busy machine stalls single hops
-    small = float(np.median([chain(8, f"small{r}") for r in range(3)]))
+def _links(client, names, nbytes: int = 16 * 2**20) -> tuple[float, float]:
+    """Seconds of one dependent hop between two workers, and bytes/s of a task's result moved over one."""
+    small = hop_seconds(client, names)
     if len(names) < 2:
         return small, 1e10  # nothing moves between workers on one worker
-    large = float(np.median([chain(nbytes, f"large{r}") for r in range(3)]))
+    large = hop_seconds(client, names, nbytes)
     return small, float(nbytes / max(large - small, nbytes / 1e10))
 
 

@@ -139,20 +139,6 @@ def _row(method: str, net: Network, p: int, seconds: float, serial_step: float, 
 
 
 # -- NPT ------------------------------------------------------------------------------------
-def npt_cost_model(cluster: ClusterSpec, n_workers: int) -> CostModel:
-    """The NPT grid cost model with the cluster's numbers (every worker at ``flop_rate``)."""
-    top = max(n_workers, 2)
-    return CostModel(
-        flop_rate={1: cluster.flop_rate, top: cluster.flop_rate},
-        gemm_overhead=cluster.gemm_overhead,
-        task_cost=cluster.task_overhead,
-        task_latency=cluster.task_overhead + cluster.latency,
-        latency=cluster.latency,
-        bandwidth=cluster.bandwidth,
-        n_workers=n_workers,
-    )
-
-
 def npt_step_seconds(net: Network, cluster: ClusterSpec, p: int, shape, mode: str) -> float:
     """Seconds of one NPT step on a ``rows x cols`` grid over ``p`` workers in ``mode``.
 
@@ -161,7 +147,7 @@ def npt_step_seconds(net: Network, cluster: ClusterSpec, p: int, shape, mode: st
     and the bookkeeping of a step (the resident cell program's where it was
     measured, else a trainer's).
     """
-    model = npt_cost_model(cluster, p)
+    model = CostModel.from_cluster(cluster, p)
     t = model.predict(net.sizes, net.batch_size, shape, mode=mode, itemsize=net.itemsize, n_workers=p)
     elements = step_elements(net.sizes, net.batch_size) * cluster.element_time / min(shape[0] * shape[1], p)
     bookkeeping = cluster.step_overhead
