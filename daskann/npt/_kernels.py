@@ -1,9 +1,12 @@
-"""Block kernels of network-parallel training: they run on the workers.
+"""The per-cell numeric core of network-parallel training: block kernels run on the workers.
 
-Pure numpy on blocks, no dask. The arithmetic of every kernel repeats that of
-:mod:`daskann.nn` element by element (same operations in the same order), so
-that training on a grid differs from :class:`daskann.SerialTrainer` only in
-the order in which the partial sums of each matrix product are added.
+Pure numpy on blocks, no dask. Both modes use it: graph mode calls these
+functions as tasks (or epilogues of a block product), resident mode inside its
+cell loop, so a cell's bias add, loss, bias gradient and SGD step are written
+once. The arithmetic repeats that of :mod:`daskann.nn` element by element (same
+operations in the same order), so that training on a grid differs from
+:class:`daskann.SerialTrainer` only in the order in which the partial sums of
+each matrix product are added.
 
 Kernels never modify their inputs: a block may be read by several tasks, and a
 task may run again after a worker is lost. Those that make blocks run with the
@@ -118,6 +121,27 @@ def _disjoint_windows(terms) -> set:
     return out
 
 
+# -- block arithmetic of the forward and backward passes, beside the products -----------------
+def plus_bias(out, bias, *, fresh: bool):
+    """``out + bias`` for a block of pre-activations, in place when ``out`` is the caller's own (``fresh``)."""
+    if fresh:
+        out += bias
+        return out
+    return out + bias
+
+
+def ordered_sum(parts: list):
+    """``parts[0] + parts[1] + ...`` added left to right into a new array.
+
+    The bias gradient (and softmax row sums) of a grid column or row: every
+    worker adds the same parts in the same order, so all get the same bits.
+    """
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
 # -- the SGD step on a cell's blocks: graph mode's tasks and resident mode's cell loop -------
 def new_velocity(grad, velocity, momentum, *, grad_is_fresh=False):
     """``momentum * velocity + grad`` as :meth:`daskann.nn.SGD.update` computes it (``grad`` when no momentum).
@@ -152,11 +176,7 @@ def weight_update(weight, velocity, lr):
 # -- epilogues of block_product: what the last task of an output block does with its sum ------
 def add_bias(out, fresh: bool, extras):
     """``out + b`` with the bias block ``b`` at ``extras[0]`` (in place when ``out`` is fresh)."""
-    bias = operand(extras[0])
-    if fresh:
-        out += bias
-        return out
-    return out + bias
+    return plus_bias(out, operand(extras[0]), fresh=fresh)
 
 
 @dataclass(frozen=True)
@@ -222,12 +242,10 @@ def bias_update(state, grad_specs, lr, momentum, collect_loss):
     added up and returned under ``"loss"``, so that the client can read the
     step's loss from these small dicts alone.
     """
-    grad = None
+    grad = ordered_sum([operand(spec).sum(axis=0) for spec in grad_specs])
     loss = 0.0
-    for spec in grad_specs:
-        part = operand(spec).sum(axis=0)
-        grad = part if grad is None else grad + part
-        if collect_loss:
+    if collect_loss:
+        for spec in grad_specs:
             loss += spec[0]["loss"]
     b, v = sgd_step(state["b"], grad, state["v"], lr, momentum, grad_is_fresh=True)
     result = {"b": b, "v": v}
@@ -286,6 +304,19 @@ def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):
 
 
 # -- the loss on a cell's output blocks: graph mode's loss tasks and resident mode's cell loop ----
+def mean_loss(total: float, loss: str, n_rows: int, n_outputs: int) -> float:
+    """The mean loss from the sum of the blocks' partial sums over ``n_rows`` rows (and outputs, for MSE)."""
+    return total / (n_rows if loss == "cross_entropy" else n_rows * n_outputs)
+
+
+def validation_scores(total: float, correct: int, loss: str, n_samples: int, n_outputs: int) -> dict:
+    """``val_loss`` (and ``val_accuracy``) of a validation set from the summed partial loss and correct rows."""
+    scores = {"val_loss": mean_loss(total, loss, n_samples, n_outputs)}
+    if loss == "cross_entropy":
+        scores["val_accuracy"] = correct / n_samples
+    return scores
+
+
 def squared_error(output, target, scale=None):
     """``(sum((output - target) ** 2), (output - target) * scale)`` on a block; no gradient without ``scale``.
 

@@ -45,6 +45,9 @@ from daskann.npt._kernels import (
     all_finite,
     block_softmax,
     cross_entropy_block,
+    mean_loss,
+    ordered_sum,
+    plus_bias,
     sgd_step,
     softmax_mse_delta,
     squared_error,
@@ -216,7 +219,7 @@ class CellProgram:
             Z = self.cannon(step, [(f"f{layer}", False, False)])[f"f{layer}"]
             t0 = time.perf_counter()
             for (_, j), block in Z.items():
-                block += self.b[layer, j]
+                plus_bias(block, self.b[layer, j], fresh=True)  # the Cannon sum is this worker's own
             pre.append(Z)
             if layer < n - 1:
                 A = {cell: activate(block, self.activation, self.slope) for cell, block in Z.items()}
@@ -301,12 +304,7 @@ class CellProgram:
         """``d logits`` of MSE on softmax outputs, once the grid rows' sums of ``d probs * probs`` are in."""
         parts = self.share_row(step, "smd", dots)
         t0 = time.perf_counter()
-        totals = {}
-        for i, pieces in parts.items():
-            total = pieces[0].copy()
-            for p in pieces[1:]:
-                total += p
-            totals[i] = total
+        totals = {i: ordered_sum(pieces) for i, pieces in parts.items()}
         grads = {(i, j): softmax_mse_delta(p, d_probs[i, j], totals[i]) for (i, j), p in probs.items()}
         self.compute += time.perf_counter() - t0
         return grads
@@ -333,12 +331,7 @@ class CellProgram:
             gW[layer] = result[f"gw{layer}"]
             parts = {j: [self.recv(f"{step}|db{layer}|{j}|{k}", (k, j)) for k in range(self.q)] for j in self.columns}
             t0 = time.perf_counter()
-            gb[layer] = {}
-            for j, pieces in parts.items():
-                total = pieces[0].copy()
-                for p in pieces[1:]:
-                    total += p
-                gb[layer][j] = total
+            gb[layer] = {j: ordered_sum(pieces) for j, pieces in parts.items()}
             if layer > 0:
                 dA = result[f"ga{layer}"]
                 dZ = {
@@ -412,7 +405,7 @@ class CellProgram:
             got = self.recv(f"{step}|sync|{k}", address)
             total += float(got[0])
             ok = ok and bool(got[1])
-        loss = total / self.loss_scale
+        loss = mean_loss(total, self.loss_name, self.layout.batch_size, self.layout.sizes[-1])
         return loss, ok and math.isfinite(loss)
 
     def state(self) -> tuple:
