@@ -1,9 +1,12 @@
-"""Block kernels of network-parallel training: they run on the workers.
+"""The per-cell numeric core of network-parallel training: block kernels run on the workers.
 
-Pure numpy on blocks, no dask. The arithmetic of every kernel repeats that of
-:mod:`daskann.nn` element by element (same operations in the same order), so
-that training on a grid differs from :class:`daskann.SerialTrainer` only in
-the order in which the partial sums of each matrix product are added.
+Pure numpy on blocks, no dask. Both modes use it: graph mode calls these
+functions as tasks (or epilogues of a block product), resident mode inside its
+cell loop, so a cell's bias add, loss, bias gradient and SGD step are written
+once. The arithmetic repeats that of :mod:`daskann.nn` element by element (same
+operations in the same order), so that training on a grid differs from
+:class:`daskann.SerialTrainer` only in the order in which the partial sums of
+each matrix product are added.
 
 Kernels never modify their inputs: a block may be read by several tasks, and a
 task may run again after a worker is lost. Those that make blocks run with the
@@ -118,30 +121,62 @@ def _disjoint_windows(terms) -> set:
     return out
 
 
-def _velocity(grad, fresh, v_spec, momentum):
-    """``momentum * v + grad`` as :meth:`daskann.nn.SGD.update` computes it (``grad`` when no momentum)."""
+# -- block arithmetic of the forward and backward passes, beside the products -----------------
+def plus_bias(out, bias, *, fresh: bool):
+    """``out + bias`` for a block of pre-activations, in place when ``out`` is the caller's own (``fresh``)."""
+    if fresh:
+        out += bias
+        return out
+    return out + bias
+
+
+def ordered_sum(parts: list):
+    """``parts[0] + parts[1] + ...`` added left to right into a new array.
+
+    The bias gradient (and softmax row sums) of a grid column or row: every
+    worker adds the same parts in the same order, so all get the same bits.
+    """
+    total = parts[0].copy()
+    for part in parts[1:]:
+        total += part
+    return total
+
+
+# -- the SGD step on a cell's blocks: graph mode's tasks and resident mode's cell loop -------
+def new_velocity(grad, velocity, momentum, *, grad_is_fresh=False):
+    """``momentum * velocity + grad`` as :meth:`daskann.nn.SGD.update` computes it (``grad`` when no momentum).
+
+    ``grad`` is returned itself (no momentum) only when ``grad_is_fresh``: an array of the caller's own.
+    """
     if not momentum:
-        return grad if fresh else grad.copy()
-    velocity = operand(v_spec) * grad.dtype.type(momentum)
-    velocity += grad
-    return velocity
+        return grad if grad_is_fresh else grad.copy()
+    out = velocity * grad.dtype.type(momentum)
+    out += grad
+    return out
+
+
+def stepped(param, velocity, lr):
+    """``param - lr * velocity`` as :meth:`daskann.nn.SGD.update` computes it (one new array, not two)."""
+    out = velocity * param.dtype.type(lr)
+    return np.subtract(param, out, out=out)
+
+
+def sgd_step(param, grad, velocity, lr, momentum, *, grad_is_fresh=False):
+    """The new ``(param, velocity)`` of one weight or bias block; the inputs stay as they were."""
+    velocity = new_velocity(grad, velocity, momentum, grad_is_fresh=grad_is_fresh)
+    return stepped(param, velocity, lr), velocity
 
 
 @keeps_heap
 def weight_update(weight, velocity, lr):
-    """``w - lr * v`` as :meth:`daskann.nn.SGD.update` computes it (one new array, not two)."""
-    out = velocity * weight.dtype.type(lr)
-    return np.subtract(weight, out, out=out)
+    """Task of graph mode's unpacked blocks: :func:`stepped` on the block's cell."""
+    return stepped(weight, velocity, lr)
 
 
 # -- epilogues of block_product: what the last task of an output block does with its sum ------
 def add_bias(out, fresh: bool, extras):
     """``out + b`` with the bias block ``b`` at ``extras[0]`` (in place when ``out`` is fresh)."""
-    bias = operand(extras[0])
-    if fresh:
-        out += bias
-        return out
-    return out + bias
+    return plus_bias(out, operand(extras[0]), fresh=fresh)
 
 
 @dataclass(frozen=True)
@@ -180,7 +215,7 @@ class Velocity:
     momentum: float
 
     def __call__(self, out, fresh: bool, extras):
-        return _velocity(out, fresh, extras[0], self.momentum)
+        return new_velocity(out, operand(extras[0]), self.momentum, grad_is_fresh=fresh)
 
 
 @dataclass(frozen=True)
@@ -194,8 +229,8 @@ class SGDStep:
     momentum: float
 
     def __call__(self, out, fresh: bool, extras):
-        velocity = _velocity(out, fresh, extras[0], self.momentum)
-        return {"w": weight_update(operand(extras[1]), velocity, self.lr), "v": velocity}
+        w, v = sgd_step(operand(extras[1]), out, operand(extras[0]), self.lr, self.momentum, grad_is_fresh=fresh)
+        return {"w": w, "v": v}
 
 
 @keeps_heap
@@ -207,21 +242,12 @@ def bias_update(state, grad_specs, lr, momentum, collect_loss):
     added up and returned under ``"loss"``, so that the client can read the
     step's loss from these small dicts alone.
     """
-    grad = None
+    grad = ordered_sum([operand(spec).sum(axis=0) for spec in grad_specs])
     loss = 0.0
-    for spec in grad_specs:
-        part = operand(spec).sum(axis=0)
-        grad = part if grad is None else grad + part
-        if collect_loss:
+    if collect_loss:
+        for spec in grad_specs:
             loss += spec[0]["loss"]
-    b, v = state["b"], state["v"]
-    dtype = b.dtype.type
-    if momentum:
-        v = v * dtype(momentum)
-        v += grad
-    else:
-        v = grad
-    b = b - dtype(lr) * v
+    b, v = sgd_step(state["b"], grad, state["v"], lr, momentum, grad_is_fresh=True)
     result = {"b": b, "v": v}
     if collect_loss:
         result["loss"] = float(loss)
@@ -235,7 +261,7 @@ def take_rows(band, rows):
 
 
 def _mse(output, target, scale, with_grad):
-    """Loss partial sum and gradient of one output block (MSE on a linear output).
+    """Loss partial sum and gradient of one output block (MSE on a linear output), for graph mode's output tasks.
 
     ``output`` is a new array of the calling task, not kept: the difference and
     the gradient are taken in its memory, and the sum of squares in one pass.
@@ -258,7 +284,6 @@ def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):
     ``with_grad`` (validation) the count of correct labels comes instead.
     """
     logits = np.concatenate([operand(s) for s in z_specs], axis=1) if len(z_specs) > 1 else operand(z_specs[0])
-    dtype = logits.dtype.type
     if loss == "cross_entropy":
         # labels of the panel, or (all labels on this worker, rows of the panel) for data read on the workers
         labels = target[0][target[1]] if isinstance(target, tuple) else target
@@ -269,20 +294,83 @@ def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):
         value = float(np.sum(log_norm - shifted[rows, labels]))
         if not with_grad:
             return {"loss": value, "correct": int(np.sum(np.argmax(logits, axis=1) == labels))}
-        grad = np.exp(shifted - log_norm[:, None])
-        grad[rows, labels] -= 1
-        grad *= dtype(1.0 / n_batch)
-        return {"g": grad, "loss": value}
+        return {"g": cross_entropy_delta(shifted, log_norm, rows, labels, n_batch), "loss": value}
     # MSE on the softmax output: ``target`` is (all targets on this worker, rows of the panel)
-    y = target[0][target[1]]
     probs = softmax(logits)
-    diff = probs - y
-    value = float(np.sum(diff * diff))
+    value, d_probs = squared_error(probs, target[0][target[1]], 2.0 / size if with_grad else None)
     if not with_grad:
         return {"loss": value}
-    d_probs = diff * dtype(2.0 / size)
-    grad = probs * (d_probs - (d_probs * probs).sum(axis=1, keepdims=True))
-    return {"g": grad, "loss": value}
+    return {"g": softmax_mse_delta(probs, d_probs, (d_probs * probs).sum(axis=1)), "loss": value}
+
+
+# -- the loss on a cell's output blocks: graph mode's loss tasks and resident mode's cell loop ----
+def mean_loss(total: float, loss: str, n_rows: int, n_outputs: int) -> float:
+    """The mean loss from the sum of the blocks' partial sums over ``n_rows`` rows (and outputs, for MSE)."""
+    return total / (n_rows if loss == "cross_entropy" else n_rows * n_outputs)
+
+
+def validation_scores(total: float, correct: int, loss: str, n_samples: int, n_outputs: int) -> dict:
+    """``val_loss`` (and ``val_accuracy``) of a validation set from the summed partial loss and correct rows."""
+    scores = {"val_loss": mean_loss(total, loss, n_samples, n_outputs)}
+    if loss == "cross_entropy":
+        scores["val_accuracy"] = correct / n_samples
+    return scores
+
+
+def squared_error(output, target, scale=None):
+    """``(sum((output - target) ** 2), (output - target) * scale)`` on a block; no gradient without ``scale``.
+
+    MSE's partial sum and ``d loss / d output``, with ``scale`` the
+    ``2 / (batch * n_outputs)`` of the whole batch, as in
+    :func:`daskann.nn._functional.mse_loss`.
+    """
+    diff = output - target
+    value = float(np.sum(diff * diff))
+    return value, (None if scale is None else diff * diff.dtype.type(scale))
+
+
+def block_softmax(z, row_max, row_sum):
+    """The softmax of a block of logits, from its whole rows' maximum and ``sum(exp(z - max))``."""
+    return np.exp(z - row_max[:, None]) / row_sum[:, None]
+
+
+def softmax_mse_delta(probs, d_probs, row_dot):
+    """``d loss / d Z`` of MSE on softmax outputs; ``row_dot`` is the whole rows' sum of ``d_probs * probs``."""
+    return probs * (d_probs - row_dot[:, None])
+
+
+def cross_entropy_delta(shifted, log_norm, hit_rows, hit_cols, n_rows):
+    """``d loss / d Z`` of softmax cross-entropy: ``softmax - onehot``, over the batch's ``n_rows``.
+
+    ``shifted`` is the block less its rows' maxima, ``log_norm`` the rows'
+    log-normaliser; the labels fall at ``(hit_rows, hit_cols)`` of the block.
+    """
+    delta = np.exp(shifted - log_norm[:, None])
+    delta[hit_rows, hit_cols] -= 1
+    delta *= delta.dtype.type(1.0 / n_rows)
+    return delta
+
+
+def cross_entropy_block(total, z, row_max, row_sum, labels, columns, *, first: bool, n_rows=None):
+    """``total`` plus one output block's part of the cross-entropy, and its ``d loss / d Z`` (with ``n_rows``).
+
+    The block holds output columns ``columns = (c0, c1)`` of whole rows whose
+    maxima and ``sum(exp(z - max))`` are ``row_max`` and ``row_sum``; the
+    ``first`` block of a row counts its rows' log-normaliser, the others only
+    the labels that fall in them (a block may have no columns). The part is added to the running ``total``
+    term by term, so the sum over blocks does not depend on how it is cut.
+    """
+    c0, c1 = columns
+    log_norm = np.log(row_sum)
+    shifted = z - row_max[:, None]
+    inside = (labels >= c0) & (labels < c1)
+    hit_rows, hit_cols = np.nonzero(inside)[0], labels[inside] - c0
+    if first:  # each row's log-normaliser counted once
+        total += float(np.sum(log_norm))
+    total -= float(np.sum(shifted[hit_rows, hit_cols]))
+    if n_rows is None:
+        return total, None
+    return total, cross_entropy_delta(shifted, log_norm, hit_rows, hit_cols, n_rows)
 
 
 def all_finite(*values):

@@ -38,9 +38,20 @@ import numpy as np
 from distributed import secede
 
 from daskann._heap import heap_for_blocks
-from daskann.nn import MLP, SGD
+from daskann.nn import MLP
 from daskann.nn._functional import activate, activation_backward
 from daskann.npt._exchange import Channel
+from daskann.npt._kernels import (
+    all_finite,
+    block_softmax,
+    cross_entropy_block,
+    mean_loss,
+    ordered_sum,
+    plus_bias,
+    sgd_step,
+    softmax_mse_delta,
+    squared_error,
+)
 from daskann.npt._resident_layout import Layout
 from daskann.store import write_block
 
@@ -87,7 +98,7 @@ class CellProgram:
         self.loss_name, self.output = s["loss"], s["output"]
         self.activation, self.slope = s["activation"], float(s["negative_slope"])
         self.dtype = np.dtype(s["dtype"])
-        self.optimizer = SGD(s["lr"], s["momentum"])
+        self.lr, self.momentum = float(s["lr"]), float(s["momentum"])
         self.order = spec["order"]
         self.start, self.stop = int(spec["start"]), int(spec["stop"])
         self.eval_steps = set(spec.get("eval_steps", ()))
@@ -208,7 +219,7 @@ class CellProgram:
             Z = self.cannon(step, [(f"f{layer}", False, False)])[f"f{layer}"]
             t0 = time.perf_counter()
             for (_, j), block in Z.items():
-                block += self.b[layer, j]
+                plus_bias(block, self.b[layer, j], fresh=True)  # the Cannon sum is this worker's own
             pre.append(Z)
             if layer < n - 1:
                 A = {cell: activate(block, self.activation, self.slope) for cell, block in Z.items()}
@@ -252,78 +263,51 @@ class CellProgram:
         self.compute += time.perf_counter() - t0
         return row_max, row_sum
 
-    def output_loss(self, step: int, logits: dict, batch_rows: dict):
-        """Partial loss of this worker's cells and ``d loss / d logits`` per cell.
+    def output_loss(self, step, logits: dict, targets: dict, *, with_grad: bool = True):
+        """Partial loss of this worker's cells, ``d loss / d logits`` per cell (with ``with_grad``) and
+        the hosted grid rows' maxima of the logits (none for MSE on linear outputs).
 
-        Row-wise softmax pieces are combined across a grid row from each
-        block's row maximum ``m`` and ``sum(exp(z - m))``.
+        ``targets[cell]`` holds the cell's rows of the targets (for cross-entropy, the labels of
+        its grid row). Row-wise softmax pieces are combined across a grid row from each block's row
+        maximum ``m`` and ``sum(exp(z - m))``; MSE on softmax outputs then needs one more row sum.
         """
-        if self.loss_name == "mse" and self.output == "linear":
-            return self._linear_mse(logits, batch_rows)
-        row_max, row_sum = self.row_softmax(step, logits)
-        if self.loss_name == "cross_entropy":
-            return self._cross_entropy(logits, batch_rows, row_max, row_sum)
-        return self._softmax_mse(step, logits, batch_rows, row_max, row_sum)
-
-    def _linear_mse(self, logits: dict, batch_rows: dict):
-        """:meth:`output_loss` of MSE on linear outputs: each cell on its own."""
+        linear = self.loss_name == "mse" and self.output == "linear"
+        row_max, row_sum = ({}, {}) if linear else self.row_softmax(step, logits)
         t0 = time.perf_counter()
-        scale = self.dtype.type(2.0 / self.loss_scale)
-        partial, grads = 0.0, {}
-        for cell, z in logits.items():
-            diff = z - self.targets(cell, batch_rows)
-            partial += float(np.sum(diff * diff))
-            grads[cell] = diff * scale
-        self.compute += time.perf_counter() - t0
-        return partial, grads
-
-    def _cross_entropy(self, logits: dict, batch_rows: dict, row_max: dict, row_sum: dict):
-        """:meth:`output_loss` of cross-entropy, from the grid rows' softmax pieces."""
-        t0 = time.perf_counter()
-        n_rows = self.layout.batch_size
-        partial, grads = 0.0, {}
+        scale = 2.0 / self.loss_scale if with_grad else None
+        n_rows = self.layout.batch_size if with_grad else None
+        partial, grads, probs, dots = 0.0, {}, {}, {}
         for (i, j), z in logits.items():
-            log_norm = np.log(row_sum[i])
-            shifted = z - row_max[i][:, None]
-            labels = self.targets((i, j), batch_rows)
-            c0, c1 = self.layout.features[-1][j]
-            inside = (labels >= c0) & (labels < c1)
-            hit_rows, hit_cols = np.nonzero(inside)[0], labels[inside] - c0
-            if j == 0:  # each row's log-normaliser counted once
-                partial += float(np.sum(log_norm))
-            partial -= float(np.sum(shifted[hit_rows, hit_cols]))
-            d = np.exp(shifted - log_norm[:, None])
-            d[hit_rows, hit_cols] -= 1
-            d *= d.dtype.type(1.0 / n_rows)
-            grads[i, j] = d
+            if self.loss_name == "cross_entropy":
+                partial, grads[i, j] = cross_entropy_block(
+                    partial,
+                    z,
+                    row_max[i],
+                    row_sum[i],
+                    targets[i, j],
+                    self.layout.features[-1][j],
+                    first=j == 0,
+                    n_rows=n_rows,
+                )
+                continue
+            output = z if linear else block_softmax(z, row_max[i], row_sum[i])
+            value, grads[i, j] = squared_error(output, targets[i, j], scale)
+            partial += value
+            if not linear and with_grad:
+                probs[i, j], dots[i, j] = output, (grads[i, j] * output).sum(axis=1)
         self.compute += time.perf_counter() - t0
-        return partial, grads
+        if probs:
+            grads = self._softmax_mse_deltas(step, probs, grads, dots)
+        return partial, grads, row_max
 
-    def _softmax_mse(self, step: int, logits: dict, batch_rows: dict, row_max: dict, row_sum: dict):
-        """:meth:`output_loss` of MSE on softmax outputs: ``d logits`` needs the row sum of ``d probs * probs``."""
-        t0 = time.perf_counter()
-        scale = self.dtype.type(2.0 / self.loss_scale)
-        partial, grads = 0.0, {}
-        probs, d_probs, dots = {}, {}, {}
-        for (i, j), z in logits.items():
-            p = np.exp(z - row_max[i][:, None]) / row_sum[i][:, None]
-            diff = p - self.targets((i, j), batch_rows)
-            partial += float(np.sum(diff * diff))
-            probs[i, j], d_probs[i, j] = p, diff * scale
-            dots[i, j] = (d_probs[i, j] * p).sum(axis=1)
-        self.compute += time.perf_counter() - t0
+    def _softmax_mse_deltas(self, step: int, probs: dict, d_probs: dict, dots: dict) -> dict:
+        """``d logits`` of MSE on softmax outputs, once the grid rows' sums of ``d probs * probs`` are in."""
         parts = self.share_row(step, "smd", dots)
         t0 = time.perf_counter()
-        totals = {}
-        for i, pieces in parts.items():
-            total = pieces[0].copy()
-            for p in pieces[1:]:
-                total += p
-            totals[i] = total
-        for (i, j), p in probs.items():
-            grads[i, j] = p * (d_probs[i, j] - totals[i][:, None])
+        totals = {i: ordered_sum(pieces) for i, pieces in parts.items()}
+        grads = {(i, j): softmax_mse_delta(p, d_probs[i, j], totals[i]) for (i, j), p in probs.items()}
         self.compute += time.perf_counter() - t0
-        return partial, grads
+        return grads
 
     def backward(self, step: int, pre, d_logits: dict):
         n = self.n_layers
@@ -347,12 +331,7 @@ class CellProgram:
             gW[layer] = result[f"gw{layer}"]
             parts = {j: [self.recv(f"{step}|db{layer}|{j}|{k}", (k, j)) for k in range(self.q)] for j in self.columns}
             t0 = time.perf_counter()
-            gb[layer] = {}
-            for j, pieces in parts.items():
-                total = pieces[0].copy()
-                for p in pieces[1:]:
-                    total += p
-                gb[layer][j] = total
+            gb[layer] = {j: ordered_sum(pieces) for j, pieces in parts.items()}
             if layer > 0:
                 dA = result[f"ga{layer}"]
                 dZ = {
@@ -365,8 +344,7 @@ class CellProgram:
     def propose_update(self, gW, gb):
         """New weights and velocities (not yet committed) and whether all is finite."""
         t0 = time.perf_counter()
-        finite = all(np.isfinite(g).all() for layer in gW for g in layer.values())
-        finite = finite and all(np.isfinite(g).all() for layer in gb for g in layer.values())
+        finite = all_finite(*gW, *gb)
         new = None
         if finite:
             W, vW, b, vb = {}, {}, {}, {}
@@ -374,16 +352,14 @@ class CellProgram:
                 W[layer, cell], vW[layer, cell] = self._updated(w, gW[layer][cell], self.vW[layer, cell])
             for (layer, j), bias in self.b.items():
                 b[layer, j], vb[layer, j] = self._updated(bias, gb[layer][j], self.vb[layer, j])
-            finite = all(np.isfinite(a).all() for a in W.values()) and all(np.isfinite(a).all() for a in b.values())
+            finite = all_finite(W, b)
             new = (W, vW, b, vb)
         self.compute += time.perf_counter() - t0
         return finite, new
 
     def _updated(self, param, grad, velocity):
-        # the optimiser's own in-place update on copies: same arithmetic as serial
-        param, velocity = param.copy(), velocity.copy()
-        self.optimizer.update(param, grad, velocity)
-        return param, velocity
+        # graph mode's SGD step on a block: the same arithmetic as serial's optimiser
+        return sgd_step(param, grad, velocity, self.lr, self.momentum)
 
     # -- validation ------------------------------------------------------------
     def evaluate(self, done: int) -> tuple[float, int]:
@@ -397,26 +373,16 @@ class CellProgram:
         for layer in range(self.n_layers):
             self.skew(tag, f"f{layer}", "R", {cell: self.W[layer, cell] for cell in self.cells}, transposed=False)
         logits = self.forward(tag, self.Xv, grad=False)[-1]
-        if self.loss_name == "mse" and self.output == "linear":
-            partial = sum(float(np.sum((z - self.yv[cell]) ** 2)) for cell, z in logits.items())
+        by_row = self.loss_name == "cross_entropy"  # labels of the grid row, else the cell's targets
+        targets = {(i, j): self.yv[i] if by_row else self.yv[i, j] for i, j in logits}
+        partial, _, row_max = self.output_loss(tag, logits, targets, with_grad=False)
+        if not by_row:
             self.compute = compute
             return partial, 0
-        row_max, row_sum = self.row_softmax(tag, logits)
-        if self.loss_name == "mse":  # on softmax outputs
-            partial = 0.0
-            for (i, j), z in logits.items():
-                diff = np.exp(z - row_max[i][:, None]) / row_sum[i][:, None] - self.yv[i, j]
-                partial += float(np.sum(diff * diff))
-            self.compute = compute
-            return partial, 0
-        partial, first = 0.0, {}
-        for (i, j), z in logits.items():
-            labels, (c0, c1) = self.yv[i], self.layout.features[-1][j]
-            inside = (labels >= c0) & (labels < c1)
-            if j == 0:  # each row's log-normaliser counted once
-                partial += float(np.sum(np.log(row_sum[i])))
-            partial -= float(np.sum(z[np.nonzero(inside)[0], labels[inside] - c0] - row_max[i][inside]))
-            first[i, j] = _first_maximum(z, row_max[i], c0, self.layout.sizes[-1])
+        first = {
+            (i, j): _first_maximum(z, row_max[i], self.layout.features[-1][j][0], self.layout.sizes[-1])
+            for (i, j), z in logits.items()
+        }
         # a row's predicted class: the first column that holds its maximum, as numpy's argmax
         predicted = {i: np.min(np.stack(parts), axis=0) for i, parts in self.share_row(tag, "am", first).items()}
         correct = sum(int(np.sum(predicted[i] == self.yv[i])) for i, j in logits if j == 0)
@@ -439,7 +405,7 @@ class CellProgram:
             got = self.recv(f"{step}|sync|{k}", address)
             total += float(got[0])
             ok = ok and bool(got[1])
-        loss = total / self.loss_scale
+        loss = mean_loss(total, self.loss_name, self.layout.batch_size, self.layout.sizes[-1])
         return loss, ok and math.isfinite(loss)
 
     def state(self) -> tuple:
@@ -466,7 +432,8 @@ class CellProgram:
                 self.start_step(step)
                 A0, batch_rows = self.inputs(step)
                 pre = self.forward(step, A0)
-                partial, d_logits = self.output_loss(step, pre[-1], batch_rows)
+                targets = {cell: self.targets(cell, batch_rows) for cell in self.cells}
+                partial, d_logits, _ = self.output_loss(step, pre[-1], targets)
                 gW, gb = self.backward(step, pre, d_logits)
                 finite, new = self.propose_update(gW, gb)
                 if pending is not None:

@@ -648,17 +648,15 @@ class GraphEngine:
 
     def eval_values(self, parts: list, n_samples: int) -> dict:
         """``val_loss`` (and ``val_accuracy``) from the gathered partials of :meth:`submit_eval`."""
-        total = sum(p["loss"] for p in parts)
-        if self.settings["loss"] == "cross_entropy":
-            return {"val_loss": total / n_samples, "val_accuracy": sum(p["correct"] for p in parts) / n_samples}
-        return {"val_loss": total / (n_samples * self.sizes[-1])}
+        correct = sum(p.get("correct", 0) for p in parts)
+        return _kernels.validation_scores(
+            sum(p["loss"] for p in parts), correct, self.settings["loss"], n_samples, self.sizes[-1]
+        )
 
     def loss_value(self, parts: list, n_batch: int) -> float:
         """The step's mean loss from the last layer's bias dicts."""
         total = sum(p["loss"] for p in parts if "loss" in p)
-        if self.settings["loss"] == "cross_entropy":
-            return total / n_batch
-        return total / (n_batch * self.sizes[-1])
+        return _kernels.mean_loss(total, self.settings["loss"], n_batch, self.sizes[-1])
 
     def check_finite(self, state: GridState) -> tuple[bool, bool]:
         """(all weights and biases finite, all velocities finite) of a state, checked where they live."""

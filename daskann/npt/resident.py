@@ -46,6 +46,7 @@ from daskann.npt._exchange import (
     ensure_plugin,
     exchange_latency,
 )
+from daskann.npt._kernels import validation_scores
 from daskann.npt._resident_layout import Layout
 from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
 from daskann.npt._start import RunStart
@@ -678,11 +679,8 @@ def _evaluations(results: list[dict], loss: str, n_val: int, n_out: int) -> dict
     out = {}
     for done in sorted(results[0]["evaluations"]):
         total = sum(r["evaluations"][done][0] for r in results)
-        if loss == "cross_entropy":
-            correct = sum(r["evaluations"][done][1] for r in results)
-            out[done] = {"val_loss": total / n_val, "val_accuracy": correct / n_val}
-        else:
-            out[done] = {"val_loss": total / (n_val * n_out)}
+        correct = sum(r["evaluations"][done][1] for r in results)
+        out[done] = validation_scores(total, correct, loss, n_val, n_out)
     return out
 
 
