@@ -100,10 +100,14 @@ class AttemptSolver(MGRIT):
         Folder, seen by every worker, that holds the attempt's temporary store
         when ``store`` is None (created if missing; the store is removed when
         the attempt ends). None: a temporary folder of this machine.
+    name_of : callable, optional
+        How errors name an option (a trainer's ``solver['cfactor']``); by default as :class:`MGRIT` does.
     """
 
-    def __init__(self, *args, initial_cpoints=None, stall_budget=None, scratch_dir=None, **kwargs):
+    def __init__(self, *args, initial_cpoints=None, stall_budget=None, scratch_dir=None, name_of=None, **kwargs):
         super().__init__(*args, **kwargs)
+        if name_of is not None:
+            self._name_of = name_of
         self.initial_cpoints = initial_cpoints
         self.stall_budget = stall_budget
         self.scratch_dir = scratch_dir
