@@ -14,6 +14,7 @@ dict or ``None`` is replaced by a new dict holding the change.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 
@@ -98,15 +99,16 @@ def group_names(*groups: type[OptionGroup]) -> Callable[[str], OptionName]:
 
     For checks shared with entry points that take the options directly (the
     MGRIT solver): given this, they name ``cfactor`` as ``solver['cfactor']``.
+    A partial, so a solver holding it still pickles.
     """
+    return functools.partial(_name_in_groups, groups)
 
-    def name_of(option: str) -> OptionName:
-        for group in groups:
-            if option in group._get_param_names():
-                return group.name_of(option)
-        return option_name(option)
 
-    return name_of
+def _name_in_groups(groups: tuple[type[OptionGroup], ...], option: str) -> OptionName:
+    for group in groups:
+        if option in group._get_param_names():
+            return group.name_of(option)
+    return option_name(option)
 
 
 def _expand_shorthand(value, cls: type[OptionGroup]):
