@@ -32,12 +32,12 @@ from daskann._options import (
     GroupedOptions,
     NetworkOptions,
     SGDOptions,
-    group_errors,
     resolve_group,
 )
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, Loss
 from daskann._validation import (
+    OptionName,
     check_choice,
     check_features,
     check_float,
@@ -59,8 +59,9 @@ __all__ = ["BaseTrainer", "TrainingData", "TrainingDiverged", "constructor_argum
 #: bytes of metadata per checkpoint store, and for the history stored beside them (estimates)
 CHECKPOINT_OVERHEAD = 64 * 1024
 HISTORY_ALLOWANCE = 4 * 2**20
-#: how errors name the checkpoint folder, as the user set it
-CHECKPOINT_DIR = "checkpoint['dir']"
+#: how errors name the checkpoint folder, as the user set it, and the two training lengths given together
+CHECKPOINT_DIR = CheckpointOptions.name_of("dir")
+STEPS_OR_EPOCHS = OptionName(("steps", "epochs"))
 #: the group and option each grouped setting is given as (settings keep them flat: ``settings["momentum"]``)
 _GROUPED_SETTINGS = {
     "output": ("network", "output"),
@@ -71,8 +72,6 @@ _GROUPED_SETTINGS = {
     "checkpoint_dir": ("checkpoint", "dir"),
     "checkpoint_every": ("checkpoint", "every"),
 }
-#: the group each shared option is set in, to name it so in errors
-_SHARED_GROUP_OF = {option: group for group, option in _GROUPED_SETTINGS.values()}
 
 
 def constructor_arguments(settings: dict, **more) -> dict:
@@ -385,24 +384,28 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
 
         Raises before anything runs.
         """
-        with group_errors(_SHARED_GROUP_OF):  # a bad option is named as given: sgd['momentum'], network['dtype']
-            network = resolve_group(self.network, NetworkOptions)
-            sgd = resolve_group(self.sgd, SGDOptions)
-            checkpoint = self._checkpoint_options()
-            s = {
-                "hidden_sizes": check_hidden_sizes(self.hidden_sizes),
-                "activation": check_choice("activation", self.activation, self._activations),
-                "output": check_choice("output", network["output"], self._outputs),
-                "loss": check_choice("loss", self.loss, self._losses),
-                "lr": check_learning_rate(self.lr),
-                "momentum": check_momentum(sgd["momentum"]),
-                **self._check_batch_order(sgd["shuffle"]),
-                "seed": check_int("seed", self.seed, minimum=0),
-                "dtype": check_float_dtype(network["dtype"]),
-                "negative_slope": check_float("negative_slope", network["negative_slope"], minimum=0.0),
-                "eval_every": None if eval_every is None else check_int("eval_every", eval_every),
-                "checkpoint_every": None if checkpoint["every"] is None else check_int("every", checkpoint["every"]),
-            }
+        network = resolve_group(self.network, NetworkOptions)
+        sgd = resolve_group(self.sgd, SGDOptions)
+        checkpoint = self._checkpoint_options()
+        # a grouped option is named as the user set it: sgd['momentum'], network['dtype']
+        s = {
+            "hidden_sizes": check_hidden_sizes(self.hidden_sizes),
+            "activation": check_choice("activation", self.activation, self._activations),
+            "output": check_choice(NetworkOptions.name_of("output"), network["output"], self._outputs),
+            "loss": check_choice("loss", self.loss, self._losses),
+            "lr": check_learning_rate(self.lr),
+            "momentum": check_momentum(sgd["momentum"], SGDOptions.name_of("momentum")),
+            **self._check_batch_order(sgd["shuffle"]),
+            "seed": check_int("seed", self.seed, minimum=0),
+            "dtype": check_float_dtype(network["dtype"], NetworkOptions.name_of("dtype")),
+            "negative_slope": check_float(
+                NetworkOptions.name_of("negative_slope"), network["negative_slope"], minimum=0.0
+            ),
+            "eval_every": None if eval_every is None else check_int("eval_every", eval_every),
+            "checkpoint_every": None
+            if checkpoint["every"] is None
+            else check_int(CheckpointOptions.name_of("every"), checkpoint["every"]),
+        }
         folder = checkpoint["dir"]
         if folder is not None:
             if not isinstance(folder, (str, Path)):
@@ -599,7 +602,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
         if self.steps is not None:
             check_int("steps", self.steps)
         if steps is not None and epochs is not None:
-            raise invalid("steps/epochs", (steps, epochs), "at most one of steps or epochs in fit")
+            raise invalid(STEPS_OR_EPOCHS, (steps, epochs), "at most one of steps or epochs in fit")
         if steps is None and epochs is None:
             steps, epochs = self.steps, (self.epochs if self.steps is None else None)
         if steps is not None:
@@ -627,7 +630,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
     def _partial_length(self, steps, epochs) -> int:
         """Steps of one ``partial_fit`` call: ``steps``, ``epochs`` of the current data, or one epoch."""
         if steps is not None and epochs is not None:
-            raise invalid("steps/epochs", (steps, epochs), "at most one of steps or epochs")
+            raise invalid(STEPS_OR_EPOCHS, (steps, epochs), "at most one of steps or epochs")
         if steps is not None:
             return check_int("steps", steps)
         return check_int("epochs", 1 if epochs is None else epochs) * self.batch_order_.steps_per_epoch

@@ -16,7 +16,6 @@ import contextlib
 import functools
 import json
 import logging
-import re
 import time
 from pathlib import Path
 from typing import get_args
@@ -24,6 +23,7 @@ from typing import get_args
 import click
 
 from daskann._typing import DatasetName
+from daskann._validation import named_error
 from daskann.exceptions import StoreError
 
 
@@ -215,9 +215,6 @@ def report_options(func):
 #: Python parameters whose command-line option has another destination name
 PARAMETER_OPTIONS = {"hidden_sizes": "hidden", "path": "data_path", "cf_iter": "relaxation", "data": "data_store"}
 _ERRORS = (ValueError, TypeError, FileNotFoundError, ConnectionError, StoreError)
-# "name=value is not valid: ..." (daskann._validation.invalid); "a/b=..." for pairs of parameters,
-# "name[i]=..." for an entry of a list; "group['name']=..." for an option of a trainer's option group
-_PARAMETER_PREFIX = re.compile(r"^(?:[A-Za-z_]\w*\['([A-Za-z_]\w*)'\]|([A-Za-z_]\w*(?:/[A-Za-z_]\w*)*))(?:\[\d+\])?=")
 
 
 def _option_flags(aliases: dict[str, str]) -> dict[str, str]:
@@ -231,25 +228,16 @@ def _option_flags(aliases: dict[str, str]) -> dict[str, str]:
     return flags
 
 
-def flag_message(message: str, aliases: dict[str, str] | None = None) -> str:
-    """``message`` with its leading parameter name replaced by the option's flag.
+def flag_message(exc: Exception, aliases: dict[str, str] | None = None) -> str:
+    """The message of ``exc`` naming its parameter by the running command's flag.
 
-    ``"batch_size=0 is not valid: ..."`` becomes ``"--batch-size=0 is not
-    valid: ..."``, as ``"solver['cfactor']=1 ..."`` becomes
-    ``"--coarsening=1 ..."``; a message that names no option of the running
-    command is left as it is.
+    ``batch_size=0 is not valid: ...`` reads ``--batch-size=0 is not valid:
+    ...``, as ``solver['cfactor']=1 ...`` reads ``--coarsening=1 ...``; an
+    error that names no option of the command keeps its message.
     """
-    match = _PARAMETER_PREFIX.match(message)
-    if match is None:
-        return message
-    flags = _option_flags(aliases or {})
-    if match.group(1) is not None:  # group['name']: the flag replaces the group and the brackets
-        names, end = [match.group(1)], match.end(1) + len("']")
-    else:
-        names, end = match.group(2).split("/"), match.end(2)
-    if not all(name in flags for name in names):
-        return message
-    return "/".join(flags[name] for name in names) + message[end:]
+    name = getattr(exc, "option_name", None)
+    flag = None if name is None else name.flag_form(_option_flags(aliases or {}))
+    return str(exc) if flag is None else f"{flag}={exc.detail}"
 
 
 @contextlib.contextmanager
@@ -262,7 +250,7 @@ def option_errors(aliases: dict[str, str] | None = None):
     try:
         yield
     except _ERRORS as exc:
-        raise click.ClickException(flag_message(str(exc), aliases)) from exc
+        raise click.ClickException(flag_message(exc, aliases)) from exc
 
 
 def cli_errors(func):
@@ -481,7 +469,9 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
     if output is not None:
         if opts.get("resume"):
             if not (output / store.RUN_MARKER).exists():
-                raise ValueError(f"output={str(output)!r} is not valid: --resume needs an existing daskann run folder")
+                raise named_error(
+                    ValueError, "output", f"{str(output)!r} is not valid: --resume needs an existing daskann run folder"
+                )
             resume = output
         store.prepare_run_dir(
             output,

@@ -14,13 +14,13 @@ dict or ``None`` is replaced by a new dict holding the change.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from sklearn.base import BaseEstimator
 
-from daskann._validation import invalid
+from daskann._validation import OptionName, grouped, invalid, option_name
 
 __all__ = [
     "CheckpointOptions",
@@ -28,7 +28,7 @@ __all__ = [
     "NetworkOptions",
     "OptionGroup",
     "SGDOptions",
-    "group_errors",
+    "group_names",
     "resolve_group",
 ]
 
@@ -60,10 +60,15 @@ class OptionGroup(BaseEstimator):
         return f"one of the {cls.group} options " + ", ".join(repr(k) for k in cls._get_param_names())
 
     @classmethod
+    def name_of(cls, option) -> OptionName:
+        """How errors name ``option`` of this group, as the user sets it: ``solver['cfactor']``."""
+        return grouped(cls.group, option)
+
+    @classmethod
     def check_key(cls, key, value) -> None:
         """Refuse ``key`` (holding ``value``) unless it names an option of the group."""
         if not isinstance(key, str) or key not in cls._get_param_names():
-            raise invalid(f"{cls.group}[{key!r}]", value, cls._expected_keys())
+            raise invalid(cls.name_of(key), value, cls._expected_keys())
 
 
 def resolve_group(value, cls: type[OptionGroup]) -> dict:
@@ -89,6 +94,23 @@ def resolve_group(value, cls: type[OptionGroup]) -> dict:
     raise invalid(cls.group, value, _expected_forms(cls), TypeError)
 
 
+def group_names(*groups: type[OptionGroup]) -> Callable[[str], OptionName]:
+    """How errors name an option: as an option of the first of ``groups`` declaring it, else by itself.
+
+    For checks shared with entry points that take the options directly (the
+    MGRIT solver): given this, they name ``cfactor`` as ``solver['cfactor']``.
+    A partial, so a solver holding it still pickles.
+    """
+    return functools.partial(_name_in_groups, groups)
+
+
+def _name_in_groups(groups: tuple[type[OptionGroup], ...], option: str) -> OptionName:
+    for group in groups:
+        if option in group._get_param_names():
+            return group.name_of(option)
+    return option_name(option)
+
+
 def _expand_shorthand(value, cls: type[OptionGroup]):
     """``value`` as a dict of the group's shorthand option when it is such a bare value (a path), else unchanged."""
     if cls.shorthand is not None and isinstance(value, (str, os.PathLike)):
@@ -99,26 +121,6 @@ def _expand_shorthand(value, cls: type[OptionGroup]):
 def _expected_forms(cls: type[OptionGroup]) -> str:
     forms = f"None, a dict of {cls.group} options or {cls.__name__}(...)"
     return forms if cls.shorthand is None else f"a path (its {cls.shorthand!r}), {forms}"
-
-
-@contextlib.contextmanager
-def group_errors(groups: dict[str, str]):
-    """Name a group's option as the user set it in the errors raised inside (``cfactor=1``: ``solver['cfactor']=1``).
-
-    ``groups`` maps an option to its group. Checks shared with other entry
-    points (the MGRIT solver, the merge) name the option alone; a trainer runs
-    them inside this context, so its errors name the parameter the user set.
-    """
-    try:
-        yield
-    except (ValueError, TypeError) as exc:
-        if type(exc) not in (ValueError, TypeError):
-            raise
-        text = str(exc)
-        for key in sorted(groups, key=len, reverse=True):
-            if text.startswith(key) and text[len(key) : len(key) + 1] in ("=", "["):
-                raise type(exc)(f"{groups[key]}[{key!r}]{text[len(key) :]}") from exc
-        raise
 
 
 class GroupedOptions:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import get_args
 
 import numpy as np
@@ -14,9 +15,68 @@ from daskann._typing import FloatDType
 FLOAT_DTYPES = get_args(FloatDType)
 
 
-def invalid(name: str, value, expected: str, error=ValueError) -> Exception:
-    """Build the standard error for a parameter ``name`` holding ``value``."""
-    return error(f"{name}={_short_repr(value)} is not valid: expected {expected}")
+@dataclass(frozen=True)
+class OptionName:
+    """How an error names a parameter: ``lr``, ``steps/epochs``, ``hidden_sizes[0]`` or ``solver['cfactor']``.
+
+    Parameters
+    ----------
+    options : tuple
+        The parameters named (two for a pair that conflicts: ``steps/epochs``).
+    group : str, optional
+        The option group that declares the option (``solver``), as the user set it.
+    entry : str
+        The entry of a sequence meant (``"[0]"``), after the name.
+    """
+
+    options: tuple[str, ...]
+    group: str | None = None
+    entry: str = ""
+
+    def __str__(self) -> str:
+        if self.group is None:
+            return "/".join(self.options) + self.entry
+        (option,) = self.options  # an option of a group is one key, perhaps not a string (a wrong key)
+        return f"{self.group}[{option!r}]{self.entry}"
+
+    def at(self, index: int) -> OptionName:
+        """The name of entry ``index`` of this parameter's sequence."""
+        return replace(self, entry=f"{self.entry}[{index}]")
+
+    def flag_form(self, flags: dict[str, str]) -> str | None:
+        """This name with each parameter's flag from ``flags`` (``--coarsening[0]``); None where one has none."""
+        if not all(option in flags for option in self.options):
+            return None
+        return "/".join(flags[option] for option in self.options) + self.entry
+
+
+def option_name(name: str | OptionName) -> OptionName:
+    """``name`` as an :class:`OptionName`; a plain string names one parameter."""
+    return name if isinstance(name, OptionName) else OptionName((name,))
+
+
+def grouped(group: str, option: str) -> OptionName:
+    """The name of ``option`` of option group ``group``: ``solver['cfactor']``."""
+    return OptionName((option,), group)
+
+
+def named_error(error: type[Exception], name: str | OptionName, detail: str) -> Exception:
+    """An ``error`` that reads ``{name}={detail}`` and carries both parts.
+
+    The parts are kept as ``option_name`` and ``detail`` so the command line
+    names the parameter by its flag without parsing the message.
+    """
+    name = option_name(name)
+    exc = error(f"{name}={detail}")
+    exc.option_name, exc.detail = name, detail  # kept in the instance dict, so pickling keeps them
+    return exc
+
+
+def invalid(name: str | OptionName, value, expected: str, error=ValueError) -> Exception:
+    """Build the standard error for a parameter ``name`` holding ``value``; it carries ``value`` and ``expected``."""
+    exc = named_error(error, name, f"{_short_repr(value)} is not valid: expected {expected}")
+    exc.value, exc.expected = value, expected
+    return exc
 
 
 def _short_repr(value) -> str:
@@ -24,13 +84,13 @@ def _short_repr(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def check_choice(name: str, value, choices: Sequence[str]) -> str:
+def check_choice(name: str | OptionName, value, choices: Sequence[str]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise invalid(name, value, "one of " + ", ".join(repr(c) for c in choices))
     return value
 
 
-def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
+def check_float_dtype(dtype, name: str | OptionName = "dtype") -> np.dtype:
     try:
         resolved = np.dtype(dtype)
     except TypeError:
@@ -40,7 +100,7 @@ def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
     return resolved
 
 
-def check_int(name: str, value, *, minimum: int | None = 1, maximum: int | None = None) -> int:
+def check_int(name: str | OptionName, value, *, minimum: int | None = 1, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise invalid(name, value, "an integer", TypeError)
     value = int(value)
@@ -53,7 +113,7 @@ def check_int(name: str, value, *, minimum: int | None = 1, maximum: int | None 
 
 
 def check_float(
-    name: str,
+    name: str | OptionName,
     value,
     *,
     minimum: float | None = None,
@@ -76,29 +136,29 @@ def check_float(
     return value
 
 
-def check_learning_rate(lr, name: str = "lr") -> float:
+def check_learning_rate(lr, name: str | OptionName = "lr") -> float:
     return check_float(name, lr, minimum=0.0, min_inclusive=False)
 
 
-def check_momentum(momentum, name: str = "momentum") -> float:
+def check_momentum(momentum, name: str | OptionName = "momentum") -> float:
     return check_float(name, momentum, minimum=0.0, maximum=1.0, max_inclusive=False)
 
 
-def check_sizes(sizes, name: str = "sizes") -> tuple[int, ...]:
+def check_sizes(sizes, name: str | OptionName = "sizes") -> tuple[int, ...]:
     if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence) or len(sizes) < 2:
         raise invalid(name, sizes, "a sequence of at least two layer widths, e.g. [784, 128, 10]")
-    return tuple(check_int(f"{name}[{i}]", s, minimum=1) for i, s in enumerate(sizes))
+    return tuple(check_int(option_name(name).at(i), s, minimum=1) for i, s in enumerate(sizes))
 
 
-def check_hidden_sizes(hidden, name: str = "hidden_sizes") -> tuple[int, ...]:
+def check_hidden_sizes(hidden, name: str | OptionName = "hidden_sizes") -> tuple[int, ...]:
     if isinstance(hidden, numbers.Integral) and not isinstance(hidden, bool):
         hidden = (hidden,)
     if isinstance(hidden, (str, bytes)) or not isinstance(hidden, Sequence):
         raise invalid(name, hidden, "a sequence of hidden layer widths, e.g. (128, 64)", TypeError)
-    return tuple(check_int(f"{name}[{i}]", h, minimum=1) for i, h in enumerate(hidden))
+    return tuple(check_int(option_name(name).at(i), h, minimum=1) for i, h in enumerate(hidden))
 
 
-def _as_numpy(array, name: str) -> np.ndarray:
+def _as_numpy(array, name: str | OptionName) -> np.ndarray:
     if hasattr(array, "compute") and hasattr(array, "chunks"):
         array = array.compute()
     try:

@@ -41,7 +41,7 @@ from threadpoolctl import threadpool_info
 
 from daskann import _batch, config
 from daskann._compat import set_current_client
-from daskann._validation import check_float, check_int, invalid
+from daskann._validation import OptionName, check_float, check_int, invalid, named_error
 
 logger = logging.getLogger(__name__)
 
@@ -587,7 +587,7 @@ def client(
         No scheduler at ``address`` answered within ``timeout`` seconds, or the TLS handshake failed.
     """
     if address is not None and profile is not None:
-        raise invalid("address/profile", (address, profile), "one of address or profile, not both")
+        raise invalid(OptionName(("address", "profile")), (address, profile), "one of address or profile, not both")
     timeout = config.seconds("cluster.connect-timeout") if timeout is None else timeout
     timeout = check_float("timeout", timeout, minimum=0.0, min_inclusive=False)
     if address is not None:
@@ -607,9 +607,10 @@ def _connect(address: str, *, security, insecure: bool, timeout: float) -> Clien
     try:
         return Client(address, security=security, timeout=timeout)
     except (OSError, TimeoutError) as exc:
-        raise ConnectionError(
-            f"address={address!r}: could not connect to a Dask scheduler within {timeout:g} s "
-            f"({type(exc).__name__}: {exc})"
+        raise named_error(
+            ConnectionError,
+            "address",
+            f"{address!r}: could not connect to a Dask scheduler within {timeout:g} s ({type(exc).__name__}: {exc})",
         ) from exc
 
 

@@ -12,6 +12,7 @@ from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._heap import heap_for_blocks
 from daskann._history import HistoryRecorder
+from daskann._options import SGDOptions
 from daskann._typing import Activation, Loss
 from daskann._validation import check_int, invalid
 from daskann.data._batches import check_batch_order
@@ -102,7 +103,7 @@ class SerialTrainer(BaseTrainer):
         return settings
 
     def _check_batch_order(self, shuffle) -> dict:
-        batch_size, shuffle = check_batch_order(self.batch_size, shuffle)
+        batch_size, shuffle = check_batch_order(self.batch_size, shuffle, SGDOptions.name_of("shuffle"))
         return {"batch_size": batch_size, "shuffle": shuffle}
 
     def fit(

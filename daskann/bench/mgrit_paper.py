@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from daskann._validation import named_error
 from daskann.data import BatchOrder
 from daskann.mgrit.presets import paper_options
 from daskann.mgrit.propagators import SGDPropagator
@@ -120,7 +121,9 @@ def problem(name: str) -> PaperProblem:
         return three_layer()
     if name.startswith("four-layer"):
         return four_layer(int(name.rsplit("-", 1)[1]) if name != "four-layer" else 500)
-    raise ValueError(f"problem={name!r} is not valid: expected 'three-layer', 'four-layer' or 'four-layer-<pairs>'")
+    raise named_error(
+        ValueError, "problem", f"{name!r} is not valid: expected 'three-layer', 'four-layer' or 'four-layer-<pairs>'"
+    )
 
 
 def paper_propagator(prob: PaperProblem, options: dict) -> SGDPropagator:

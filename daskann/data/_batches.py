@@ -18,15 +18,16 @@ from daskann._validation import check_int, invalid
 SERIALIZED = "serialized"
 
 
-def check_batch_order(batch_size, shuffle) -> tuple[int | None, bool | str]:
+def check_batch_order(batch_size, shuffle, shuffle_name="shuffle") -> tuple[int | None, bool | str]:
     """Validated ``(batch_size, shuffle)`` of a batch order.
 
     ``batch_size=None`` is the full batch; ``shuffle="serialized"`` takes one
-    row per step and so refuses a batch size.
+    row per step and so refuses a batch size. ``shuffle_name`` is how errors
+    name ``shuffle`` (a trainer's is ``sgd['shuffle']``).
     """
     if isinstance(shuffle, str):
         if shuffle != SERIALIZED:
-            raise invalid("shuffle", shuffle, f"True, False or {SERIALIZED!r}")
+            raise invalid(shuffle_name, shuffle, f"True, False or {SERIALIZED!r}")
         if batch_size is not None:
             raise invalid("batch_size", batch_size, f"None with shuffle={SERIALIZED!r} (one row per step)")
         return None, SERIALIZED

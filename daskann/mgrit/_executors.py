@@ -21,7 +21,7 @@ from distributed import Client
 from daskann import config
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, materialize
-from daskann._validation import invalid
+from daskann._validation import invalid, named_error
 from daskann.cluster import worker_addresses, workers_left
 from daskann.exceptions import DaskannError, LostWorkersError
 from daskann.mgrit._kernels import release_kept
@@ -216,9 +216,11 @@ class DaskExecutor:
                 values.append(self._result(future, deadline, workers))
         except TimeoutError:
             self.scheduler.cancel(futures)
-            raise TimeoutError(
-                f"timeout={self.timeout:g}: an MGRIT iteration ({len(tasks)} tasks) did not finish in time; "
-                "the store keeps the last completed iteration"
+            raise named_error(
+                TimeoutError,
+                "timeout",
+                f"{self.timeout:g}: an MGRIT iteration ({len(tasks)} tasks) did not finish in time; "
+                "the store keeps the last completed iteration",
             ) from None
         except BaseException:
             self.scheduler.cancel(futures)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from daskann._validation import check_int, invalid
+from daskann._validation import check_int, invalid, option_name
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Hierarchy:
         return [{"level": lvl, "points": self.n_points(lvl), "span": self.span(lvl)} for lvl in range(self.n_levels)]
 
 
-def check_hierarchy(n_steps, levels, cfactor, *, min_coarse: int = 1) -> Hierarchy:
+def check_hierarchy(n_steps, levels, cfactor, *, min_coarse: int = 1, name_of=option_name) -> Hierarchy:
     """Validate the number of steps, levels and coarsening factors.
 
     Parameters
@@ -80,15 +80,19 @@ def check_hierarchy(n_steps, levels, cfactor, *, min_coarse: int = 1) -> Hierarc
         level but the coarsest; each at least 2.
     min_coarse : int
         Fewest steps the coarsest level may keep (XBraid ``SetMinCoarse``).
+    name_of : callable
+        How errors name ``levels`` and ``cfactor`` (a trainer's ``solver['levels']``).
     """
     n_steps = check_int("n_steps", n_steps)
-    levels = check_int("levels", levels)
+    levels = check_int(name_of("levels"), levels)
     if isinstance(cfactor, (list, tuple)):
         if len(cfactor) != levels - 1:
-            raise invalid("cfactor", list(cfactor), f"one factor per level but the coarsest ({levels - 1} values)")
-        factors = tuple(check_int(f"cfactor[{i}]", c, minimum=2) for i, c in enumerate(cfactor))
+            raise invalid(
+                name_of("cfactor"), list(cfactor), f"one factor per level but the coarsest ({levels - 1} values)"
+            )
+        factors = tuple(check_int(name_of("cfactor").at(i), c, minimum=2) for i, c in enumerate(cfactor))
     else:
-        factors = (check_int("cfactor", cfactor, minimum=2),) * (levels - 1)
+        factors = (check_int(name_of("cfactor"), cfactor, minimum=2),) * (levels - 1)
     hierarchy = Hierarchy(n_steps, factors)
     coarse = hierarchy.n_points(levels - 1)
     if coarse < min_coarse:
@@ -96,7 +100,7 @@ def check_hierarchy(n_steps, levels, cfactor, *, min_coarse: int = 1) -> Hierarc
         while most < levels and n_steps // math.prod(factors[:most]) >= min_coarse:
             most += 1
         raise invalid(
-            "levels",
+            name_of("levels"),
             levels,
             f"at most {most} levels for {n_steps} steps with coarsening {list(factors) or cfactor} "
             f"(the coarsest level would keep {coarse} steps, fewer than {min_coarse})",

@@ -23,6 +23,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
+from daskann._validation import named_error
 from daskann.mgrit._kernels import PERSISTED, SLOTS
 from daskann.store import DamagedStoreError, StoreError, check_free_space, register_verifier, temporary_sibling
 
@@ -139,22 +140,26 @@ def read_meta(path) -> dict | None:
     if not path.exists():
         return None
     if not path.is_dir():
-        raise StoreError(f"store={str(path)!r} is not valid: expected a folder, found a file")
+        raise named_error(StoreError, "store", f"{str(path)!r} is not valid: expected a folder, found a file")
     if not any(path.iterdir()):
         return None
     try:
         attrs = dict(zarr.open_group(str(path), mode="r").attrs)
     except Exception as exc:
-        raise StoreError(
-            f"store={str(path)!r} is not valid: the folder is not an MGRIT trajectory store ({exc})"
+        raise named_error(
+            StoreError, "store", f"{str(path)!r} is not valid: the folder is not an MGRIT trajectory store ({exc})"
         ) from exc
     meta = attrs.get("daskann")
     if not isinstance(meta, dict) or meta.get("kind") != KIND:
-        raise StoreError(f"store={str(path)!r} is not valid: the folder is not an MGRIT trajectory store")
+        raise named_error(
+            StoreError, "store", f"{str(path)!r} is not valid: the folder is not an MGRIT trajectory store"
+        )
     if meta.get("format_version") != FORMAT_VERSION:
-        raise StoreError(
-            f"store={str(path)!r} has format_version={meta.get('format_version')!r}; "
-            f"this daskann reads version {FORMAT_VERSION}"
+        raise named_error(
+            StoreError,
+            "store",
+            f"{str(path)!r} has format_version={meta.get('format_version')!r}; "
+            f"this daskann reads version {FORMAT_VERSION}",
         )
     return meta
 
@@ -166,15 +171,17 @@ def read_progress(path) -> dict:
     except FileNotFoundError:
         return {"iteration": 0, "status": "new"}
     except json.JSONDecodeError as exc:
-        raise StoreError(f"store={str(path)!r}: {PROGRESS} is damaged ({exc})") from exc
+        raise named_error(StoreError, "store", f"{str(path)!r}: {PROGRESS} is damaged ({exc})") from exc
 
 
 def check_same_run(path, meta: dict, run_id: str, config: dict) -> None:
     """Refuse a store of another run, or of this run with another configuration."""
     if meta.get("run_id") != run_id:
-        raise StoreError(
-            f"store={str(path)!r} is not valid: it belongs to run {meta.get('run_id')!r}, not to run {run_id!r}; "
-            "choose another path, or pass that run's run_id (and configuration) to continue it"
+        raise named_error(
+            StoreError,
+            "store",
+            f"{str(path)!r} is not valid: it belongs to run {meta.get('run_id')!r}, not to run {run_id!r}; "
+            "choose another path, or pass that run's run_id (and configuration) to continue it",
         )
     found = meta.get("config", {})
     diffs = [
@@ -183,9 +190,11 @@ def check_same_run(path, meta: dict, run_id: str, config: dict) -> None:
         if found.get(k) != config.get(k)
     ]
     if diffs:
-        raise StoreError(
-            f"store={str(path)!r} is not valid: run {run_id!r} was started with another "
-            "configuration (" + "; ".join(diffs) + ")"
+        raise named_error(
+            StoreError,
+            "store",
+            f"{str(path)!r} is not valid: run {run_id!r} was started with another "
+            "configuration (" + "; ".join(diffs) + ")",
         )
 
 
@@ -233,33 +242,37 @@ def verify_store(path) -> dict:
     path = Path(path)
     meta = read_meta(path)
     if meta is None:
-        raise DamagedStoreError(f"store={str(path)!r} is empty or missing")
+        raise named_error(DamagedStoreError, "store", f"{str(path)!r} is empty or missing")
     progress = read_progress(path)
     manifest, dtype = meta.get("arrays"), np.dtype(meta.get("dtype", "<f8"))
     if not isinstance(manifest, dict):
-        raise DamagedStoreError(f"store={str(path)!r} has no manifest of its arrays")
+        raise named_error(DamagedStoreError, "store", f"{str(path)!r} has no manifest of its arrays")
     group = zarr.open_group(str(path), mode="r")
     for name, spec in manifest.items():
         try:
             array = group[name]
         except KeyError:
-            raise DamagedStoreError(f"store={str(path)!r}: array {name!r} is missing") from None
+            raise named_error(DamagedStoreError, "store", f"{str(path)!r}: array {name!r} is missing") from None
         if list(array.shape) != spec["shape"] or array.dtype != dtype:
-            raise DamagedStoreError(
-                f"store={str(path)!r}: array {name!r} has shape {array.shape} and dtype "
-                f"{array.dtype}, the manifest says {tuple(spec['shape'])} and {dtype}"
+            raise named_error(
+                DamagedStoreError,
+                "store",
+                f"{str(path)!r}: array {name!r} has shape {array.shape} and dtype "
+                f"{array.dtype}, the manifest says {tuple(spec['shape'])} and {dtype}",
             )
         try:
             array[...]
         except Exception as exc:  # the checksum codec raises on a flipped byte
-            raise DamagedStoreError(f"store={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+            raise named_error(
+                DamagedStoreError, "store", f"{str(path)!r}: array {name!r} cannot be read ({exc})"
+            ) from exc
     required = [("init", (0,)), ("last", (0,))]
     if progress.get("iteration", 0) > 0 and "c0" in manifest and progress.get("committed") is not None:
         n_blocks = -(-manifest["c0"]["shape"][1] // manifest["c0"]["chunks"][1])
         required += [("c0", (int(progress["committed"]), j, 0)) for j in range(n_blocks)]
     for name, chunk in required:
         if not (path / name / "c" / Path(*map(str, chunk))).is_file():
-            raise DamagedStoreError(f"store={str(path)!r}: chunk {chunk} of array {name!r} is missing")
+            raise named_error(DamagedStoreError, "store", f"{str(path)!r}: chunk {chunk} of array {name!r} is missing")
     return progress
 
 

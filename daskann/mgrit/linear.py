@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from daskann._validation import check_choice, check_float, check_int
+from daskann._validation import check_choice, check_float, check_int, named_error
 from daskann.mgrit.problem import Propagator
 
 
@@ -40,7 +40,7 @@ class LinearPropagator(Propagator):
     def __init__(self, rates, vectors=None, *, dt: float = 1.0):
         self.rates = np.asarray(rates, dtype=np.float64)
         if self.rates.ndim != 1 or not np.all(self.rates > 0):
-            raise ValueError(f"rates={rates!r} is not valid: expected a 1-d array of positive numbers")
+            raise named_error(ValueError, "rates", f"{rates!r} is not valid: expected a 1-d array of positive numbers")
         self.V = np.eye(self.rates.size) if vectors is None else np.asarray(vectors, dtype=np.float64)
         self.Vinv = np.linalg.inv(self.V)
         self.dt = check_float("dt", dt, minimum=0.0, min_inclusive=False)

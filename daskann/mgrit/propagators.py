@@ -48,7 +48,7 @@ import numpy as np
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._typing import CoarsePropagator
-from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann._validation import check_choice, check_float, check_int, invalid, option_name
 from daskann.data import BatchOrder
 from daskann.mgrit.problem import Propagator
 from daskann.nn import LOSSES, MLP, SGD
@@ -66,11 +66,11 @@ def _data_digest(X: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
-def _check_coarse(coarse):
+def _check_coarse(coarse, name="coarse"):
     """A built-in coarse propagator's name or a callable ``coarse(state, start, stop, level)``."""
     if not (callable(coarse) or coarse in get_args(CoarsePropagator)):
         raise invalid(
-            "coarse",
+            name,
             coarse,
             "'scaled', 'repeat' or a callable coarse(state, start, stop, level)",
             TypeError if not isinstance(coarse, str) else ValueError,
@@ -78,10 +78,10 @@ def _check_coarse(coarse):
     return coarse
 
 
-def _check_alpha_cap(alpha_cap) -> float | None:
+def _check_alpha_cap(alpha_cap, name="alpha_cap") -> float | None:
     """A number cap of the coarse learning rates (at least 1), or None for none (None or ``math.inf``)."""
     if alpha_cap is not None and not (isinstance(alpha_cap, (int, float)) and alpha_cap == math.inf):
-        alpha_cap = check_float("alpha_cap", alpha_cap, minimum=1.0)
+        alpha_cap = check_float(name, alpha_cap, minimum=1.0)
     return None if alpha_cap is None or alpha_cap == math.inf else float(alpha_cap)
 
 
@@ -132,6 +132,8 @@ class SGDPropagator(Propagator):
     velocity : bool
         Carry the SGD velocity in the state; False (momentum 0 only) makes the
         state the parameters alone, so residuals measure weights only.
+    name_of : callable, optional
+        How errors name an option (a trainer's ``solver['substeps']``); by default by itself.
 
     Examples
     --------
@@ -163,6 +165,7 @@ class SGDPropagator(Propagator):
         repeats: int = 1,
         coarse_data: str = "fine",
         velocity: bool = True,
+        name_of=option_name,
     ):
         if not isinstance(model, MLP):
             raise invalid("model", type(model).__name__, "an MLP", TypeError)
@@ -173,12 +176,14 @@ class SGDPropagator(Propagator):
         self.loss = check_choice("loss", loss, LOSSES)
         self.order = order
         self.optimizer = SGD(lr, momentum)
-        self.coarse = _check_coarse(coarse)
-        self.alpha_growth = None if alpha_growth is None else check_float("alpha_growth", alpha_growth, minimum=1.0)
+        self.coarse = _check_coarse(coarse, name_of("coarse"))
+        self.alpha_growth = (
+            None if alpha_growth is None else check_float(name_of("alpha_growth"), alpha_growth, minimum=1.0)
+        )
         auto = isinstance(alpha_cap, str) and alpha_cap == "auto"
-        self.alpha_cap = None if auto else _check_alpha_cap(alpha_cap)
-        self.substeps = check_int("substeps", substeps)
-        self.coarse_batches = check_int("coarse_batches", coarse_batches)
+        self.alpha_cap = None if auto else _check_alpha_cap(alpha_cap, name_of("alpha_cap"))
+        self.substeps = check_int(name_of("substeps"), substeps)
+        self.coarse_batches = check_int(name_of("coarse_batches"), coarse_batches)
         self.step_offset = check_int("step_offset", step_offset, minimum=0)
         self.repeats = check_int("repeats", repeats)
         self.coarse_data = check_choice("coarse_data", coarse_data, ("fine", "own"))

@@ -50,7 +50,15 @@ from distributed import Client
 from daskann._batch import is_batch_cluster
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._typing import CycleType
-from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann._validation import (
+    OptionName,
+    check_choice,
+    check_float,
+    check_int,
+    invalid,
+    named_error,
+    option_name,
+)
 from daskann.cluster import resolve_client, worker_addresses
 from daskann.exceptions import MGRITDiverged, PropagatorError
 from daskann.mgrit import _store, workmodel
@@ -186,7 +194,9 @@ class MGRITResult:
     def trajectory(self) -> list[tuple]:
         """Every fine point ``u_0 .. u_N`` as states (needs ``store_fine=True``)."""
         if self.fine_points is None:
-            raise ValueError("store_fine=False is not valid for trajectory(): solve with store_fine=True")
+            raise named_error(
+                ValueError, "store_fine", "False is not valid for trajectory(): solve with store_fine=True"
+            )
         return [tuple(np.array(a) for a in self.layout.unpack(row)) for row in self.fine_points]
 
     def speedup(self, workers: int | None = None) -> float:
@@ -241,11 +251,11 @@ class MGRITResult:
         }
 
 
-def _per_level(name: str, value, n: int, check) -> tuple:
+def _per_level(name: OptionName, value, n: int, check) -> tuple:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
             raise invalid(name, list(value), f"one value per level but the coarsest ({n} values)")
-        return tuple(check(f"{name}[{i}]", v) for i, v in enumerate(value))
+        return tuple(check(name.at(i), v) for i, v in enumerate(value))
     return (check(name, value),) * n
 
 
@@ -334,6 +344,9 @@ class MGRIT:
         Folder, seen by every worker, for the temporary store when ``store``
         is None (created if missing; the store is removed afterwards). None:
         a temporary folder of this machine.
+    name_of : callable, optional
+        ``name_of(option)`` names an option in errors (a trainer's gives
+        ``solver['cfactor']``); by default the option's own name.
 
     Attributes
     ----------
@@ -383,6 +396,7 @@ class MGRIT:
         initial_cpoints=None,
         stall: Callable | None = None,
         scratch_dir=None,
+        name_of: Callable | None = None,
     ):
         self.propagator = propagator
         self.u0 = u0
@@ -411,6 +425,8 @@ class MGRIT:
         self.initial_cpoints = initial_cpoints
         self.stall = stall
         self.scratch_dir = scratch_dir
+        if name_of is not None:
+            self._name_of = name_of
         self.last_iterate_ = None
         self.point_before_end_ = None
 
@@ -421,6 +437,9 @@ class MGRIT:
         return cls(propagator, u0, n_steps, **config.solver_kwargs(), **options)
 
     # -- checks ------------------------------------------------------------------
+    #: how errors name an option (``cfactor``); a trainer's solver names it as its user set it (``name_of``)
+    _name_of = staticmethod(option_name)
+
     def check(self) -> dict:
         """Every option checked, in one dict: what :meth:`solve` runs with (nothing runs here).
 
@@ -429,6 +448,7 @@ class MGRIT:
         ValueError, TypeError
             An option, named with its value and what would be valid.
         """
+        name = self._name_of
         prop = self.propagator
         if not isinstance(prop, Propagator):
             if not callable(prop):
@@ -436,9 +456,9 @@ class MGRIT:
             prop = FunctionPropagator(prop)
         layout = StateLayout.from_state(self.u0)
         min_coarse = check_int("min_coarse", self.min_coarse)
-        hierarchy = check_hierarchy(self.n_steps, self.levels, self.cfactor, min_coarse=min_coarse)
+        hierarchy = check_hierarchy(self.n_steps, self.levels, self.cfactor, min_coarse=min_coarse, name_of=name)
         opt = {"propagator": prop, "layout": layout, "hierarchy": hierarchy, **self._check_relaxation(hierarchy)}
-        opt["cycle_type"] = check_choice("cycle_type", self.cycle_type, get_args(CycleType))
+        opt["cycle_type"] = check_choice(name("cycle_type"), self.cycle_type, get_args(CycleType))
         opt.update(self._check_stopping())
         opt.update(self._check_execution())
         opt.update(
@@ -449,41 +469,44 @@ class MGRIT:
         return opt
 
     def _check_relaxation(self, hierarchy: Hierarchy) -> dict:
-        n = hierarchy.n_levels - 1
-        cf_iter = _per_level("cf_iter", self.cf_iter, n, lambda k, v: check_int(k, v, minimum=0))
+        name, n = self._name_of, hierarchy.n_levels - 1
+        cf_iter = _per_level(name("cf_iter"), self.cf_iter, n, lambda k, v: check_int(k, v, minimum=0))
         weight = _per_level(
-            "weight_c",
+            name("weight_c"),
             self.weight_c,
             n,
             lambda k, v: check_float(k, v, minimum=0.0, maximum=2.0, min_inclusive=False, max_inclusive=False),
         )
-        growth = check_float("weight_c_growth", self.weight_c_growth, minimum=0.0, min_inclusive=False)
+        growth = check_float(name("weight_c_growth"), self.weight_c_growth, minimum=0.0, min_inclusive=False)
         weights = tuple(w * growth**lvl for lvl, w in enumerate(weight))
         for lvl, w in enumerate(weights):
             if not 0.0 < w < 2.0:
                 raise invalid(
-                    "weight_c_growth",
+                    name("weight_c_growth"),
                     self.weight_c_growth,
                     f"a growth that keeps every level's C-relaxation weight in (0, 2) (level {lvl} would get {w:.4g})",
                 )
         return {"cf_iter": cf_iter, "weight_c": weights}
 
     def _check_stopping(self) -> dict:
-        tol = check_float("tol", self.tol, minimum=0.0, min_inclusive=False)
+        name = self._name_of
+        tol = check_float(name("tol"), self.tol, minimum=0.0, min_inclusive=False)
         rtol = (
             None
             if self.rtol is None
-            else check_float("rtol", self.rtol, minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False)
+            else check_float(
+                name("rtol"), self.rtol, minimum=0.0, maximum=1.0, min_inclusive=False, max_inclusive=False
+            )
         )
         if self.t_norm not in (1, 2, math.inf, "inf"):
             raise invalid("t_norm", self.t_norm, "1, 2 or numpy.inf")
         t_norm = math.inf if self.t_norm == "inf" else self.t_norm
-        max_iter = check_int("max_iter", self.max_iter)
+        max_iter = check_int(name("max_iter"), self.max_iter)
         initial_guess = check_choice("initial_guess", self.initial_guess, ("start", "zero"))
         divergence = (
             None
             if self.divergence_factor is None
-            else check_float("divergence_factor", self.divergence_factor, minimum=1.0, min_inclusive=False)
+            else check_float(name("divergence_factor"), self.divergence_factor, minimum=1.0, min_inclusive=False)
         )
         return {
             "tol": tol,
@@ -495,13 +518,14 @@ class MGRIT:
         }
 
     def _check_execution(self) -> dict:
-        for name in ("callback", "stall"):
-            if getattr(self, name) is not None and not callable(getattr(self, name)):
-                raise invalid(name, getattr(self, name), "a callable or None", TypeError)
+        name = self._name_of
+        for option in ("callback", "stall"):
+            if getattr(self, option) is not None and not callable(getattr(self, option)):
+                raise invalid(option, getattr(self, option), "a callable or None", TypeError)
         block = self.intervals_per_task
         if block != "auto":
-            block = check_int("intervals_per_task", block)
-        timeout = check_float("timeout", self.timeout, minimum=0.0, min_inclusive=False)
+            block = check_int(name("intervals_per_task"), block)
+        timeout = check_float(name("timeout"), self.timeout, minimum=0.0, min_inclusive=False)
         scheduler = None if self.scheduler == "inprocess" else self.scheduler
         if (
             scheduler is not None
@@ -509,16 +533,16 @@ class MGRIT:
             and scheduler not in ("sync", "threads", "distributed")
         ):
             raise invalid(
-                "scheduler",
+                name("scheduler"),
                 scheduler,
                 "None, 'inprocess', 'sync', 'threads', 'distributed' or a distributed.Client",
                 TypeError,
             )
         if self.store is not None and not isinstance(self.store, (str, Path)):
-            raise invalid("store", self.store, "a folder path or None", TypeError)
+            raise invalid(name("store"), self.store, "a folder path or None", TypeError)
         if self.store is not None and scheduler is None:
             raise invalid(
-                "store",
+                name("store"),
                 str(self.store),
                 "None with the in-process scheduler (the zarr store is shared "
                 "by dask tasks: pass scheduler='threads', 'sync' or a Client)",

@@ -23,7 +23,7 @@ from daskann import store as store_module
 from daskann._base import BaseTrainer, TrainingData
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._history import HistoryRecorder
-from daskann._options import OptionGroup, group_errors, resolve_group
+from daskann._options import OptionGroup, group_names, resolve_group
 from daskann._progress import ProgressBar
 from daskann._typing import Activation, Loss, MGRITScheduler
 from daskann._validation import check_choice, invalid
@@ -197,11 +197,8 @@ class MGRITEngineOptions(OptionGroup):
         self._store(locals())
 
 
-#: the group of every option of the two groups, to name it in errors as the user set it
-_GROUP_OF = {
-    **{name: "solver" for name in MGRITSolverOptions._get_param_names()},
-    **{name: "engine" for name in MGRITEngineOptions._get_param_names()},
-}
+#: how the fit's errors name an option, as the user set it: solver['cfactor'], engine['timeout']
+_option_name = group_names(MGRITSolverOptions, MGRITEngineOptions)
 
 
 class MGRITTrainer(BaseTrainer):
@@ -315,12 +312,11 @@ class MGRITTrainer(BaseTrainer):
         solver = resolve_group(self.solver, MGRITSolverOptions)
         for name in ("require_convergence", "compute_error"):
             if not isinstance(solver[name], (bool, np.bool_)):
-                raise invalid(name, solver[name], "True or False", TypeError)
+                raise invalid(_option_name(name), solver[name], "True or False", TypeError)
         engine = resolve_group(self.engine, MGRITEngineOptions)
-        engine["scheduler"] = check_choice("scheduler", engine["scheduler"], SCHEDULERS)
+        engine["scheduler"] = check_choice(_option_name("scheduler"), engine["scheduler"], SCHEDULERS)
         return solver, engine
 
-    @group_errors(_GROUP_OF)  # a bad option is named as given: solver['cfactor'], engine['timeout']
     def fit(
         self,
         X,
@@ -573,6 +569,7 @@ class MGRITTrainer(BaseTrainer):
             store=None if inprocess or not first else run.store,
             scratch_dir=None if inprocess else run.scratch_dir,
             scheduler=None if inprocess else run.scheduler,
+            name_of=_option_name,
         )
 
     def _propagator(self, run: _FitRun, options: dict) -> SGDPropagator:
@@ -594,6 +591,7 @@ class MGRITTrainer(BaseTrainer):
             # without momentum the velocity (the last gradient) is read by no step: a state of the parameters
             # alone halves what every step, copy and write moves; the fit's last gradient is taken at the end
             velocity=bool(settings["momentum"]),
+            name_of=_option_name,
         )
 
     def _record_iteration(self, run: _FitRun, info) -> None:
@@ -842,7 +840,7 @@ class MGRITTrainer(BaseTrainer):
         # run's store, the folder the workers were told to write to
         if store is not None:
             if not isinstance(store, (str, Path)):
-                raise invalid("store", store, "a folder path or None", TypeError)
+                raise invalid(_option_name("store"), store, "a folder path or None", TypeError)
             return Path(store), False, Path(store)
         if shared is not None:
             # workers on other nodes see it: every attempt makes a fresh folder there, removed when it ends

@@ -18,6 +18,8 @@ from __future__ import annotations
 import heapq
 import math
 
+from daskann._validation import named_error
+
 
 def critical_path(tasks) -> float:
     """Longest path through an iteration's tasks (task costs summed along dependencies)."""
@@ -35,7 +37,7 @@ def makespan(tasks, workers: int) -> float:
     submission order on the first free worker.
     """
     if workers < 1:
-        raise ValueError(f"workers={workers} is not valid: expected at least 1")
+        raise named_error(ValueError, "workers", f"{workers} is not valid: expected at least 1")
     order = {t.key: i for i, t in enumerate(tasks)}
     by_key = {t.key: t for t in tasks}
     waiting = {t.key: len(t.deps) for t in tasks}

@@ -59,11 +59,11 @@ def check_npt_options(grid, mode, engine, client) -> dict:
     grid = parse_grid(grid)
     mode = check_choice("mode", mode, MODES)
     engine = resolve_group(engine, NPTEngineOptions)
-    pipeline = check_choice("engine['pipeline']", engine["pipeline"], PIPELINES)
+    pipeline = check_choice(NPTEngineOptions.name_of("pipeline"), engine["pipeline"], PIPELINES)
     for name in ("share_workers", "deterministic"):
         if not isinstance(engine[name], (bool, np.bool_)):
-            raise invalid(f"engine[{name!r}]", engine[name], "True or False", TypeError)
-    timeout = check_float("engine['timeout']", engine["timeout"], minimum=0.0, min_inclusive=False)
+            raise invalid(NPTEngineOptions.name_of(name), engine[name], "True or False", TypeError)
+    timeout = check_float(NPTEngineOptions.name_of("timeout"), engine["timeout"], minimum=0.0, min_inclusive=False)
     if client is not None and not isinstance(client, Client):
         raise invalid("client", type(client).__name__, "a distributed.Client or None", TypeError)
     return {

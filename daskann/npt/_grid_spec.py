@@ -6,7 +6,7 @@ Apart from :mod:`daskann.npt.grid` (which needs distributed), so that
 
 from __future__ import annotations
 
-from daskann._validation import check_int, invalid
+from daskann._validation import OptionName, check_int, invalid
 
 
 def parse_grid(grid) -> tuple[int, int] | str:
@@ -45,7 +45,8 @@ def parse_grid(grid) -> tuple[int, int] | str:
         grid = (grid, grid)
     if not isinstance(grid, (tuple, list)) or len(grid) != 2:
         raise invalid("grid", grid, "'auto', 'RxC' such as '2x2' or '2x4', or a pair (rows, cols)")
-    return check_int("grid[0]", grid[0]), check_int("grid[1]", grid[1])
+    name = OptionName(("grid",))
+    return check_int(name.at(0), grid[0]), check_int(name.at(1), grid[1])
 
 
 __all__ = ["parse_grid"]

@@ -7,6 +7,7 @@ import numpy as np
 from daskann._validation import invalid
 from daskann.cluster import check_worker_memory, worker_addresses, worker_threads
 from daskann.npt import costmodel
+from daskann.npt._engine_options import NPTEngineOptions
 from daskann.npt.grid import ProcessGrid
 
 
@@ -21,7 +22,7 @@ def check_cluster(client, npt: dict) -> list[str]:
         if threaded:
             w, n = next(iter(threaded.items()))
             raise invalid(
-                "engine['deterministic']",
+                NPTEngineOptions.name_of("deterministic"),
                 True,
                 f"a cluster whose workers run one thread each (worker {w} runs {n}; "
                 f"{len(threaded)} of {len(workers)} workers are multi-threaded), "

@@ -25,6 +25,7 @@ from itertools import combinations
 
 import numpy as np
 
+from daskann._validation import named_error
 from daskann.nn import MLP, activate
 
 DEFINITION = (
@@ -82,7 +83,9 @@ def submodel_diversity(submodels: Sequence[MLP], X, *, task: str = "classificati
     """
     submodels = list(submodels)
     if len(submodels) < 2:
-        raise ValueError(f"submodels={len(submodels)} networks is not valid: expected at least 2 to compare")
+        raise named_error(
+            ValueError, "submodels", f"{len(submodels)} networks is not valid: expected at least 2 to compare"
+        )
     X = np.asarray(X)
     hidden = [hidden_activations(m, X) for m in submodels]
     outputs = [m.forward(X) for m in submodels]

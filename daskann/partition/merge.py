@@ -15,14 +15,14 @@ from daskann.partition.split import Partition
 COMBINES = get_args(Combine)
 
 
-def check_combine(combine) -> str:
-    """Validate the output-layer combination."""
-    return check_choice("combine", combine, COMBINES)
+def check_combine(combine, name="combine") -> str:
+    """Validate the output-layer combination (``name``: how errors name it)."""
+    return check_choice(name, combine, COMBINES)
 
 
-def check_noise(noise) -> float:
-    """Validate the merge noise level (finite, >= 0)."""
-    return check_float("noise", noise, minimum=0.0)
+def check_noise(noise, name="noise") -> float:
+    """Validate the merge noise level (finite, >= 0; ``name``: how errors name it)."""
+    return check_float(name, noise, minimum=0.0)
 
 
 def merge_submodels(

@@ -24,6 +24,7 @@ from distributed import get_worker
 
 from daskann import config, store
 from daskann._base import constructor_arguments
+from daskann._validation import named_error
 from daskann.cluster import worker_addresses
 from daskann.nn import MLP
 from daskann.serial import SerialTrainer
@@ -304,9 +305,11 @@ class _SubModelTasks:
     def _time_out(self, futures: dict, future) -> None:
         pending = [i for i, (f, _) in futures.items() if not f.done()]
         self.phase.client.cancel([f for f, _ in futures.values()] + [future])
-        raise TimeoutError(
-            f"timeout={self.phase.timeout:g} s is not enough: sub-models {pending} had not finished; "
-            "raise the timeout or shorten sub_steps"
+        raise named_error(
+            TimeoutError,
+            "timeout",
+            f"{self.phase.timeout:g} s is not enough: sub-models {pending} had not finished; "
+            "raise the timeout or shorten sub_steps",
         ) from None
 
 

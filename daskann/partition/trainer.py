@@ -19,7 +19,7 @@ from daskann import store
 from daskann._base import CHECKPOINT_DIR, BaseTrainer, constructor_arguments
 from daskann._dask_input import is_dask_array, materialize, remote_call
 from daskann._history import HistoryRecorder
-from daskann._options import OptionGroup, group_errors, resolve_group
+from daskann._options import OptionGroup, resolve_group
 from daskann._typing import Activation, Combine, Loss, PartitionMode, SubTrainer
 from daskann._validation import check_choice, check_float, check_int, invalid
 from daskann.cluster import check_worker_memory, current_client
@@ -112,13 +112,6 @@ class PartitionMergeOptions(OptionGroup):
 
     def __init__(self, *, combine: Combine = "mean", noise=0.02, finetune_trainer: SubTrainer | None = None):
         self._store(locals())
-
-
-#: the group of every option, to name it in errors as the user set it
-_GROUP_OF = {
-    **{name: "split" for name in PartitionSplitOptions._get_param_names()},
-    **{name: "merge" for name in PartitionMergeOptions._get_param_names()},
-}
 
 
 class PartitionTrainer(BaseTrainer):
@@ -238,41 +231,49 @@ class PartitionTrainer(BaseTrainer):
     def _check_settings(self, eval_every=None) -> dict:
         s = super()._check_settings(eval_every)
         s["k"] = check_hidden_k(self.k, s["hidden_sizes"])
-        with group_errors(_GROUP_OF):  # a bad option is named as given: split['mode'], merge['noise']
-            s.update(self._check_groups())
+        s.update(self._check_groups())
         if self.client is not None:
             if not isinstance(self.client, Client):
                 raise invalid("client", type(self.client).__name__, "a distributed.Client or None", TypeError)
         return s
 
     def _check_groups(self) -> dict:
-        """The options of ``split`` and ``merge``, checked (errors name an option alone: ``mode=...``)."""
+        """The options of ``split`` and ``merge``, checked (errors name an option as given: ``split['mode']``)."""
         split = resolve_group(self.split, PartitionSplitOptions)
         merge = resolve_group(self.merge, PartitionMergeOptions)
-        s = {"combine": check_combine(merge["combine"]), "noise": check_noise(merge["noise"])}
-        s["mode"] = check_choice("mode", split["mode"], MODES)
-        s["sub_trainer"] = check_choice("sub_trainer", split["sub_trainer"], SUB_TRAINERS)
+        split_name, merge_name = PartitionSplitOptions.name_of, PartitionMergeOptions.name_of
+        s = {
+            "combine": check_combine(merge["combine"], merge_name("combine")),
+            "noise": check_noise(merge["noise"], merge_name("noise")),
+        }
+        s["mode"] = check_choice(split_name("mode"), split["mode"], MODES)
+        s["sub_trainer"] = check_choice(split_name("sub_trainer"), split["sub_trainer"], SUB_TRAINERS)
         finetune = merge["finetune_trainer"]
         s["finetune_trainer"] = (
-            s["sub_trainer"] if finetune is None else check_choice("finetune_trainer", finetune, SUB_TRAINERS)
+            s["sub_trainer"]
+            if finetune is None
+            else check_choice(merge_name("finetune_trainer"), finetune, SUB_TRAINERS)
         )
         sub_steps, sub_epochs = split["sub_steps"], split["sub_epochs"]
         if sub_steps is not None and sub_epochs is not None:
             raise invalid("split", self.split, "at most one of 'sub_steps' and 'sub_epochs'")
-        s["sub_steps"] = None if sub_steps is None else check_int("sub_steps", sub_steps)
-        s["sub_epochs"] = None if sub_epochs is None else check_int("sub_epochs", sub_epochs)
-        s["retries"] = check_int("retries", split["retries"], minimum=0)
-        s["timeout"] = check_float("timeout", split["timeout"], minimum=0.0, min_inclusive=False)
+        s["sub_steps"] = None if sub_steps is None else check_int(split_name("sub_steps"), sub_steps)
+        s["sub_epochs"] = None if sub_epochs is None else check_int(split_name("sub_epochs"), sub_epochs)
+        s["retries"] = check_int(split_name("retries"), split["retries"], minimum=0)
+        s["timeout"] = check_float(split_name("timeout"), split["timeout"], minimum=0.0, min_inclusive=False)
         if split["npt_options"] is not None and not isinstance(split["npt_options"], dict):
             raise invalid(
-                "npt_options", split["npt_options"], "a dict of NPTTrainer keyword arguments or None", TypeError
+                split_name("npt_options"),
+                split["npt_options"],
+                "a dict of NPTTrainer keyword arguments or None",
+                TypeError,
             )
-        for name in ("sub_trainer", "finetune_trainer"):
+        for name, group_name in (("sub_trainer", split_name), ("finetune_trainer", merge_name)):
             if s[name] == "npt":
-                _npt_trainer_class(name)  # fails here, before any task, if it is missing
+                _npt_trainer_class(group_name(name))  # fails here, before any task, if it is missing
         if s["sub_trainer"] == "npt" and s["mode"] == "parallel":
             raise invalid(
-                "mode",
+                split_name("mode"),
                 s["mode"],
                 "'sequential' with sub_trainer='npt': an NPT sub-model already "
                 "spreads over every worker, so NPT sub-models run one after another",

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from daskann._validation import invalid
+from daskann._validation import invalid, named_error
 from daskann.cluster import _profile_path
 
 REQUIRED = ("flop_rate", "latency", "bandwidth", "task_overhead")
@@ -175,7 +175,7 @@ def load_cluster(path) -> ClusterSpec:
     """Read a cluster description from a YAML file (a ``plan:`` mapping inside a profile works too)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"cluster={str(path)!r} is not valid: expected an existing YAML file")
+        raise named_error(FileNotFoundError, "cluster", f"{str(path)!r} is not valid: expected an existing YAML file")
     spec = yaml.safe_load(path.read_text())
     if isinstance(spec, dict) and "plan" in spec and "kind" in spec:
         spec = spec["plan"]

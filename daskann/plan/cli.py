@@ -103,7 +103,7 @@ def plan_command(ctx, **opts):
 
 def _check(opts: dict) -> dict:
     """Every flag checked before anything runs."""
-    from daskann._validation import check_float, check_int, invalid
+    from daskann._validation import OptionName, check_float, check_int, invalid
     from daskann.data import DATASETS
     from daskann.plan._cluster import load_cluster
 
@@ -118,7 +118,7 @@ def _check(opts: dict) -> dict:
     if opts["epochs"] is not None:
         check_int("epochs", opts["epochs"])
         if opts["steps"] is not None:
-            raise invalid("steps/epochs", (opts["steps"], opts["epochs"]), "at most one of the two")
+            raise invalid(OptionName(("steps", "epochs")), (opts["steps"], opts["epochs"]), "at most one of the two")
     finetune = check_float("finetune_fraction", opts["finetune_fraction"], minimum=0.0, maximum=1.0)
     if opts["measure"] and opts["output"] is None:
         raise invalid("output", None, "a file for --measure to write, e.g. -o mycluster.yaml")

@@ -21,6 +21,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from daskann._validation import named_error
 from daskann.exceptions import DamagedStoreError, DiskFullError, StoreError
 
 FORMAT_VERSION = 1
@@ -140,7 +141,9 @@ def read_array_group(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict]:
         try:
             array = group[name][...]
         except Exception as exc:
-            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+            raise named_error(
+                DamagedStoreError, "path", f"{str(path)!r}: array {name!r} cannot be read ({exc})"
+            ) from exc
         verify_array(path, name, np.asarray(array), expected)
         arrays[name] = np.asarray(array)
     return arrays, attrs
@@ -149,20 +152,22 @@ def read_array_group(path, *, kind: str) -> tuple[dict[str, np.ndarray], dict]:
 def open_group(path: Path, *, kind: str):
     """The zarr group of a daskann store of ``kind``, its attributes and daskann metadata (no array read)."""
     if not path.exists():
-        raise FileNotFoundError(f"path={str(path)!r}: no such store")
+        raise named_error(FileNotFoundError, "path", f"{str(path)!r}: no such store")
     try:
         group = zarr.open_group(str(path), mode="r")
         attrs = dict(group.attrs)
     except Exception as exc:
-        raise DamagedStoreError(f"path={str(path)!r} is not a readable zarr store: {exc}") from exc
+        raise named_error(DamagedStoreError, "path", f"{str(path)!r} is not a readable zarr store: {exc}") from exc
     meta = attrs.get("daskann")
     if not isinstance(meta, dict) or meta.get("kind") != kind:
         found = meta.get("kind") if isinstance(meta, dict) else None
-        raise StoreError(f"path={str(path)!r} is not a daskann {kind} (found kind={found!r})")
+        raise named_error(StoreError, "path", f"{str(path)!r} is not a daskann {kind} (found kind={found!r})")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise StoreError(
-            f"path={str(path)!r} has format_version={meta.get('format_version')!r}; "
-            f"this daskann reads version {FORMAT_VERSION}"
+        raise named_error(
+            StoreError,
+            "path",
+            f"{str(path)!r} has format_version={meta.get('format_version')!r}; "
+            f"this daskann reads version {FORMAT_VERSION}",
         )
     return group, attrs, meta
 
@@ -171,11 +176,13 @@ def verify_array(path: Path, name: str, array: np.ndarray, expected: dict) -> No
     """Check a whole array against its manifest entry: one digest, or one per written block."""
     if "blocks" not in expected:
         if array_digest(array) != expected["sha256"]:
-            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} does not match its checksum")
+            raise named_error(DamagedStoreError, "path", f"{str(path)!r}: array {name!r} does not match its checksum")
         return
     for index, region in block_regions(expected["bounds"]):
         if array_digest(array[tuple(slice(a, b) for a, b in region)]) != expected["blocks"].get(index):
-            raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} does not match its checksum")
+            raise named_error(
+                DamagedStoreError, "path", f"{str(path)!r}: block {index} of array {name!r} does not match its checksum"
+            )
 
 
 # a manifest entry of an array written block by block holds one digest per block

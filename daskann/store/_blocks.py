@@ -11,6 +11,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from daskann._validation import named_error
 from daskann.exceptions import DamagedStoreError
 from daskann.store._atomic import (
     array_digest,
@@ -90,7 +91,7 @@ def _read(path: Path, name: str, z, selection) -> np.ndarray:
     try:
         return np.asarray(z[selection])
     except Exception as exc:  # a torn chunk or a failed CRC32C
-        raise DamagedStoreError(f"path={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+        raise named_error(DamagedStoreError, "path", f"{str(path)!r}: array {name!r} cannot be read ({exc})") from exc
 
 
 def is_block_store(path) -> bool:
@@ -110,7 +111,7 @@ def read_region(path, name: str, region) -> np.ndarray:
     group = zarr.open_group(str(path), mode="r")
     expected = group.attrs["daskann"]["manifest"].get(name)
     if expected is None:
-        raise DamagedStoreError(f"path={str(path)!r}: array {name!r} is missing from the manifest")
+        raise named_error(DamagedStoreError, "path", f"{str(path)!r}: array {name!r} is missing from the manifest")
     z = group[name]
     want = tuple(slice(a, b) for a, b in region)
     if "blocks" not in expected:
@@ -152,7 +153,11 @@ def _verified_block(path: Path, name: str, z, index: str, block, expected: dict)
     try:
         values = np.asarray(z[tuple(slice(a, b) for a, b in block)])
     except Exception as exc:  # a torn chunk or a failed CRC32C
-        raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} cannot be read ({exc})") from exc
+        raise named_error(
+            DamagedStoreError, "path", f"{str(path)!r}: block {index} of array {name!r} cannot be read ({exc})"
+        ) from exc
     if array_digest(values) != expected["blocks"].get(index):
-        raise DamagedStoreError(f"path={str(path)!r}: block {index} of array {name!r} does not match its checksum")
+        raise named_error(
+            DamagedStoreError, "path", f"{str(path)!r}: block {index} of array {name!r} does not match its checksum"
+        )
     return values

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from daskann._validation import named_error
 from daskann.exceptions import DamagedStoreError, StoreError
 from daskann.nn import MLP
 from daskann.store._atomic import FORMAT_VERSION, open_group, read_array_group, write_array_group
@@ -115,14 +116,20 @@ def _check_complete(path: Path) -> dict:
     config, manifest = meta["model"], meta.get("manifest", {})
     missing = [name for name in checkpoint_arrays(config) if name not in manifest]
     if missing:
-        raise DamagedStoreError(f"path={str(path)!r}: checkpoint arrays are incomplete (missing {missing})")
+        raise named_error(
+            DamagedStoreError, "path", f"{str(path)!r}: checkpoint arrays are incomplete (missing {missing})"
+        )
     for name, expected in manifest.items():
         try:
             shape = tuple(group[name].shape)
         except Exception as exc:
-            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} cannot be read ({exc})") from exc
+            raise named_error(
+                DamagedStoreError, "path", f"{str(path)!r}: array {name!r} cannot be read ({exc})"
+            ) from exc
         if shape != tuple(expected["shape"]):
-            raise DamagedStoreError(f"path={str(path)!r}: array {name!r} has shape {shape}, not {expected['shape']}")
+            raise named_error(
+                DamagedStoreError, "path", f"{str(path)!r}: array {name!r} has shape {shape}, not {expected['shape']}"
+            )
     return meta
 
 
@@ -170,9 +177,11 @@ def load_checkpoint(path) -> Checkpoint:
             bias=bias,
         )
     except (KeyError, ValueError) as exc:
-        raise DamagedStoreError(f"path={str(path)!r}: checkpoint arrays are incomplete ({exc})") from exc
+        raise named_error(
+            DamagedStoreError, "path", f"{str(path)!r}: checkpoint arrays are incomplete ({exc})"
+        ) from exc
     if list(model.sizes) != list(config["sizes"]) or model.dtype.name != config["dtype"]:
-        raise DamagedStoreError(f"path={str(path)!r}: arrays do not match the recorded model {config}")
+        raise named_error(DamagedStoreError, "path", f"{str(path)!r}: arrays do not match the recorded model {config}")
     return Checkpoint(
         model=model,
         velocity=velocity,
@@ -203,7 +212,7 @@ def find_checkpoint(run_dir, check: Callable[[Path], object] | None = None) -> P
     """
     candidates = list_checkpoints(run_dir)
     if not candidates:
-        raise FileNotFoundError(f"path={str(run_dir)!r}: run folder holds no checkpoint")
+        raise named_error(FileNotFoundError, "path", f"{str(run_dir)!r}: run folder holds no checkpoint")
     for path in candidates:
         try:
             if check is None:
@@ -214,4 +223,4 @@ def find_checkpoint(run_dir, check: Callable[[Path], object] | None = None) -> P
             warnings.warn(f"skipping damaged checkpoint: {exc}", RuntimeWarning, stacklevel=2)
             continue
         return path
-    raise DamagedStoreError(f"path={str(run_dir)!r}: every checkpoint is damaged")
+    raise named_error(DamagedStoreError, "path", f"{str(run_dir)!r}: every checkpoint is damaged")

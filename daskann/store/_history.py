@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from daskann._validation import named_error
 from daskann.exceptions import DamagedStoreError, StoreError
 from daskann.store._atomic import FORMAT_VERSION, array_digest, atomic_replace_dir, reraise_if_full, temporary_sibling
 from daskann.store._checkpoints import HISTORY_STORE
@@ -44,17 +45,19 @@ def load_history(path) -> xr.Dataset:
     """Read and verify a history written by :func:`save_history`."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"path={str(path)!r}: no such history store")
+        raise named_error(FileNotFoundError, "path", f"{str(path)!r}: no such history store")
     try:
         ds = xr.open_zarr(str(path), consolidated=False).load()
     except Exception as exc:
-        raise DamagedStoreError(f"path={str(path)!r} is not a readable history store: {exc}") from exc
+        raise named_error(DamagedStoreError, "path", f"{str(path)!r} is not a readable history store: {exc}") from exc
     meta = ds.attrs.get("daskann", {})
     if meta.get("kind") != "history":
-        raise StoreError(f"path={str(path)!r} is not a daskann history")
+        raise named_error(StoreError, "path", f"{str(path)!r} is not a daskann history")
     for name, digest in meta.get("manifest", {}).items():
         if name not in ds.variables or array_digest(np.asarray(ds[name].values)) != digest:
-            raise DamagedStoreError(f"path={str(path)!r}: variable {name!r} is missing or fails its checksum")
+            raise named_error(
+                DamagedStoreError, "path", f"{str(path)!r}: variable {name!r} is missing or fails its checksum"
+            )
     ds.attrs = {k: v for k, v in ds.attrs.items() if k != "daskann"}
     return _decode_strings(ds)
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from daskann import config as settings
+from daskann._validation import named_error
 from daskann.exceptions import StoreError
 from daskann.store._atomic import temporary_sibling
 
@@ -52,13 +53,15 @@ class RunLock:
             holder = self._holder()
             if holder is None or self._is_stale(holder):
                 if (takeovers := takeovers + 1) > 2:
-                    raise StoreError(f"output={str(self.path.parent)!r}: could not take the run lock")
+                    raise named_error(StoreError, "output", f"{str(self.path.parent)!r}: could not take the run lock")
                 self.path.unlink(missing_ok=True)
                 continue
             if time.monotonic() >= deadline:
-                raise StoreError(
-                    f"output={str(self.path.parent)!r} is being written by another run "
-                    f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
+                raise named_error(
+                    StoreError,
+                    "output",
+                    f"{str(self.path.parent)!r} is being written by another run "
+                    f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder",
                 )
             time.sleep(0.2)
 
@@ -94,9 +97,11 @@ class RunLock:
                 break
             time.sleep(0.2)
         if holder is not None and not self._held and not self._is_stale(holder):
-            raise StoreError(
-                f"{name}={str(self.path.parent)!r} is being written by another run "
-                f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder"
+            raise named_error(
+                StoreError,
+                name,
+                f"{str(self.path.parent)!r} is being written by another run "
+                f"(pid {holder.get('pid')} on {holder.get('host')}); wait for it or choose another folder",
             )
 
     def _holder(self) -> dict | None:

@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+from daskann._validation import named_error
 from daskann.exceptions import DiskFullError
 from daskann.store._atomic import FORMAT_VERSION, temporary_sibling
 from daskann.store._checkpoints import CHECKPOINT_DIR, HISTORY_STORE, MODEL_STORE, RUN_MARKER
@@ -22,28 +23,34 @@ def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False,
     path = Path(path)
     marker = path / RUN_MARKER
     if path.exists() and not path.is_dir():
-        raise ValueError(f"output={str(path)!r} is not valid: expected a folder, found a file")
+        raise named_error(ValueError, "output", f"{str(path)!r} is not valid: expected a folder, found a file")
     if path.exists() and any(path.iterdir()):
         if overwrite:
             if not marker.exists() and any(path.iterdir()):
                 # refuse to wipe a folder we did not create, even when asked to overwrite
                 for child in path.iterdir():
                     if child.name not in (RUN_MARKER, CHECKPOINT_DIR, HISTORY_STORE, MODEL_STORE):
-                        raise ValueError(
-                            f"output={str(path)!r} is not valid: it holds {child.name!r}, which is not part "
-                            "of a daskann run; choose an empty or new folder"
+                        raise named_error(
+                            ValueError,
+                            "output",
+                            f"{str(path)!r} is not valid: it holds {child.name!r}, which is not part "
+                            "of a daskann run; choose an empty or new folder",
                         )
             for child in (CHECKPOINT_DIR, HISTORY_STORE, MODEL_STORE):
                 shutil.rmtree(path / child, ignore_errors=True)
         elif not marker.exists():
-            raise ValueError(
-                f"output={str(path)!r} is not valid: the folder exists and is not a daskann run; "
-                "choose an empty or new folder"
+            raise named_error(
+                ValueError,
+                "output",
+                f"{str(path)!r} is not valid: the folder exists and is not a daskann run; "
+                "choose an empty or new folder",
             )
         elif not resume:
-            raise ValueError(
-                f"output={str(path)!r} is not valid: it already holds a daskann run; "
-                "pass resume to continue it or overwrite to start again"
+            raise named_error(
+                ValueError,
+                "output",
+                f"{str(path)!r} is not valid: it already holds a daskann run; "
+                "pass resume to continue it or overwrite to start again",
             )
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o750)
@@ -64,9 +71,11 @@ def check_writable_folder(folder, name: str = "checkpoint_dir") -> Path:
     while not probe_parent.exists():
         probe_parent = probe_parent.parent
     if not probe_parent.is_dir():
-        raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is a file, expected a folder")
+        raise named_error(
+            ValueError, name, f"{str(folder)!r} is not valid: {str(probe_parent)!r} is a file, expected a folder"
+        )
     if not os.access(probe_parent, os.W_OK | os.X_OK):
-        raise ValueError(f"{name}={str(folder)!r} is not valid: {str(probe_parent)!r} is not writable")
+        raise named_error(ValueError, name, f"{str(folder)!r} is not valid: {str(probe_parent)!r} is not writable")
     return folder
 
 
