@@ -781,14 +781,16 @@ def workers_left(c: Client, workers, *, listed=worker_addresses) -> list[str]:
     return [w for w in workers if w not in alive]
 
 
-def wait_watching(futures, look, *, poll: float | None = None):
+def wait_watching(futures, look, *, poll: float | None = None, watch=None):
     """The first answer of ``look()`` other than None: asked at once, whenever one of ``futures``
     completes, and at least every ``poll`` seconds (the setting ``npt.poll-interval``, read at each
     wait, when None).
 
     The wait on tasks pinned to workers that may leave, which would otherwise hang: ``look`` answers
     once the futures are done (with their results, or True), and raises the caller's own error when
-    one of the workers it watches has left (:func:`workers_left`) or a task failed.
+    one of the workers it watches has left (:func:`workers_left`) or a task failed. ``watch()``, when
+    given, runs each time ``poll`` seconds pass with no future completing: a check that asks the
+    scheduler (which workers are left) belongs there, off the path of every completion.
     """
     wake = threading.Event()
     for future in futures:
@@ -798,7 +800,9 @@ def wait_watching(futures, look, *, poll: float | None = None):
         answer = look()
         if answer is not None:
             return answer
-        wake.wait(config.seconds("npt.poll-interval") if poll is None else poll)
+        woken = wake.wait(config.seconds("npt.poll-interval") if poll is None else poll)
+        if not woken and watch is not None:
+            watch()
 
 
 def worker_threads(c: Client) -> dict[str, int]:

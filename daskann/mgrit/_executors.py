@@ -22,7 +22,7 @@ from daskann import config
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid, named_error
-from daskann.cluster import worker_addresses, workers_left
+from daskann.cluster import wait_watching, worker_addresses, workers_left
 from daskann.exceptions import DaskannError, LostWorkersError
 from daskann.mgrit._kernels import release_kept
 from daskann.mgrit._plan import owner
@@ -208,12 +208,10 @@ class DaskExecutor:
         keys = [_fetched_key(t, name) for t in shown]
         futures = self.scheduler.get(graph, keys, sync=False)
         deadline = time.monotonic() + self.timeout
-        values = []
         try:
             if while_running is not None:
                 while_running()
-            for future in futures:
-                values.append(self._result(future, deadline, workers))
+            values = self._results(futures, deadline, workers)
         except TimeoutError:
             self.scheduler.cancel(futures)
             raise named_error(
@@ -227,17 +225,26 @@ class DaskExecutor:
             raise
         return values
 
-    def _result(self, future, deadline: float, workers: list[str]):
-        """The future's result by ``deadline``; :class:`_WorkersLeft` as soon as one of ``workers`` has left."""
-        while True:
-            left = deadline - time.monotonic()
-            try:
-                return future.result(timeout=max(0.0, min(left, PLACEMENT_POLL)))
-            except TimeoutError:
-                if left <= PLACEMENT_POLL:
-                    raise
-                if workers_left(self.scheduler, workers):
-                    raise _WorkersLeft from None
+    def _results(self, futures, deadline: float, workers: list[str]) -> list:
+        """The futures' results by ``deadline``; a task's error as soon as it fails; :class:`_WorkersLeft` once one
+        of ``workers`` has left."""
+
+        def look():
+            if all(f.done() for f in futures) or any(f.status in ("error", "cancelled") for f in futures):
+                return True
+            if time.monotonic() >= deadline:
+                raise TimeoutError
+            return None
+
+        def watch():
+            if workers_left(self.scheduler, workers):
+                raise _WorkersLeft
+
+        wait_watching(futures, look, poll=PLACEMENT_POLL, watch=watch)
+        for future in futures:
+            if future.status in ("error", "cancelled"):
+                future.result()  # raises the task's error (a cancelled one: CancelledError)
+        return [future.result() for future in futures]
 
     def release(self, run: str) -> None:
         """Forget the C-values the run's final sweeps kept in the workers' memory."""

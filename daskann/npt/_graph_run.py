@@ -24,10 +24,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from distributed import wait
 
 from daskann import config
-from daskann.cluster import current_client, workers_left
+from daskann.cluster import wait_watching, workers_left
 from daskann.exceptions import WorkerLost
 from daskann.npt._replay import Replays
 from daskann.npt._start import RunStart
@@ -280,28 +279,25 @@ class _Watchdog:
     def wait(self, futures, anchor) -> None:
         """Wait, bounded, for ``futures``; :class:`WorkerLost` if a grid worker left meanwhile."""
         deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                with current_client(self.client):
-                    wait(futures, timeout=config.seconds("npt.poll-interval"))
-                break
-            except TimeoutError:
-                pass
-            except Exception as exc:
-                # a lost worker held scattered inputs: the tasks that need them are cancelled
-                self.raise_if_lost(anchor, exc)
-                raise
-            self.raise_if_lost(anchor)
+
+        def look():
+            if all(f.done() for f in futures):
+                return True
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"graph-mode training: no step finished within timeout={self.timeout:g} s; the cluster may be "
                     "overloaded or a worker is stuck (raise timeout for very large blocks)"
                 )
+            return None
+
+        wait_watching(futures, look, watch=lambda: self.raise_if_lost(anchor))
         if any(f.status != "finished" for f in futures):
             self.raise_if_lost(anchor)
-            failed = next((f for f in futures if f.status == "error"), None)
+            # a lost worker held scattered inputs: the tasks that need them are cancelled
+            failed = next((f for f in futures if f.status == "cancelled"), None)
+            failed = failed or next((f for f in futures if f.status == "error"), None)
             if failed is not None:
-                raise failed.exception()
+                failed.result()  # raises the task's error (a cancelled one: CancelledError)
 
 
 _STEP_KEY = re.compile(r"^(?P<prefix>.+-a\d+)-s(?P<step>\d+)-")
