@@ -443,7 +443,7 @@ class MGRITTrainer(BaseTrainer):
         return result
 
     def _forget_fit(self) -> None:
-        for name in ("model_", "velocity_", "n_steps_", "n_iter_", "result_", "history_"):
+        for name in (*self.RESULT_ATTRIBUTES, "n_iter_", "result_"):
             # a failed fit must not leave an earlier fit's model looking like its result
             if hasattr(self, name):
                 delattr(self, name)
