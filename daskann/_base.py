@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
+import inspect
 import warnings
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from daskann._dask_input import (
     is_dask_array,
     remote_call,
 )
+from daskann._history import HistoryRecorder
 from daskann._options import (
     CheckpointOptions,
     GroupedOptions,
@@ -116,8 +119,16 @@ def _holds_dask_arrays(data: TrainingData) -> bool:
     return any(is_dask_array(a) for a in (data.X, data.y, *(data.validation or ())))
 
 
-class BaseTrainer(GroupedOptions, BaseEstimator):
+class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
     """Settings and bookkeeping shared by all trainers: scikit-learn estimators.
+
+    A method subclasses it: it names itself in ``method``, lists its keywords in ``__init__``
+    (body ``self._store_params(locals())``) and implements :meth:`fit`; one that continues training
+    defines ``partial_fit`` as ``return self._partial_fit(...)`` and implements :meth:`_continue_fit`.
+    ``fit`` records its checked inputs with :meth:`_keep_inputs` and its results with
+    :meth:`_keep_results`. The other hooks (``_check_settings``, ``_check_batch_order``,
+    ``_training_config``, ``_history_attrs``, ``_input_layout``, ``_fitted_output``, ``_logits``) have
+    defaults a method may extend.
 
     ``__init__`` stores every keyword unchanged, so :func:`sklearn.base.clone`,
     ``get_params``/``set_params`` and searches such as
@@ -162,7 +173,10 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
         :class:`~daskann.CheckpointOptions`.
     """
 
+    #: the method's name, in history attributes and checkpoints; every concrete trainer sets its own
     method = "base"
+    #: what a fit leaves for ``predict``, ``save``, ``partial_fit`` and the command line (set by :meth:`_keep_results`)
+    RESULT_ATTRIBUTES = ("model_", "velocity_", "n_steps_", "history_")
     #: whether fit reads dask-array data on the workers (serial training computes it on the client)
     _reads_dask = False
     #: the choices this trainer implements; the numeric core offers more, which a trainer widens to once it can
@@ -188,6 +202,11 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
         checkpoint=None,
     ):
         self._store_params(locals())
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if not inspect.isabstract(cls) and cls.method == BaseTrainer.method:
+            raise TypeError(f"{cls.__name__} must name its method: a class attribute method = '<name>'")
 
     def _store_params(self, arguments: dict) -> None:
         """Store every ``__init__`` keyword unchanged under its own name (scikit-learn's estimator contract).
@@ -377,6 +396,62 @@ class BaseTrainer(GroupedOptions, BaseEstimator):
             y = self._compute(y)
         metric = accuracy_score if self._fitted_loss() == "cross_entropy" else r2_score
         return float(metric(np.asarray(y), predicted, sample_weight=sample_weight))
+
+    # -- the method's part ------------------------------------------------------
+    @abc.abstractmethod
+    def fit(self, X, y, **fit_params):
+        """Train on ``X``, ``y`` and return ``self``.
+
+        Every check runs before the first task: settings (:meth:`_check_settings` and the method's
+        own options), data (:meth:`_check_data`), batch order (:meth:`_batch_order`), length
+        (:meth:`_check_length`), resume. Then :meth:`_keep_inputs` records the checked inputs and, once
+        trained (also after divergence, with the last finite state), :meth:`_keep_results` the results.
+        """
+
+    def _continue_fit(self, X, y, steps, epochs) -> None:
+        """Train on from the fitted state: ``partial_fit`` after its first call (a method with ``partial_fit``).
+
+        ``X`` None continues on the kept data; :meth:`_continue_on` switches to new data.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not continue training")
+
+    # -- bookkeeping of a fit -------------------------------------------------------
+    def _keep_inputs(self, settings: dict, data: TrainingData, order: BatchOrder) -> None:
+        """The fit's checked settings, data and batch order (``partial_fit``, ``save`` and ``predict`` read them)."""
+        self._settings, self._data, self.batch_order_ = settings, data, order
+
+    def _keep_results(self, model, velocity, n_steps: int, history) -> None:
+        """The fitted state: ``model_``, ``velocity_``, ``n_steps_`` and ``history_`` (an ``xarray.Dataset``)."""
+        self.model_, self.velocity_ = model, velocity
+        self.n_steps_, self.history_ = n_steps, history
+
+    def _partial_fit(self, X, y, classes, steps, epochs):
+        """``partial_fit``'s rules: the first call fits, later ones check ``classes`` and call :meth:`_continue_fit`."""
+        if not self.__sklearn_is_fitted__():
+            return self._first_partial_fit(X, y, classes, steps, epochs)
+        self._check_partial_classes(classes)
+        self._continue_fit(X, y, steps, epochs)
+        return self
+
+    def _continue_on(self, X, y, model) -> None:
+        """The data a ``partial_fit`` trains on: the kept data (``X`` None), else ``X, y`` checked against ``model``.
+
+        New data keeps the validation data of the fit, and gets a batch order of its own.
+        """
+        if X is None:
+            self._kept_data()
+            return
+        # a copy of a trainer fitted on dask arrays keeps no data (BaseTrainer.__getstate__): no validation either
+        validation = getattr(self.__dict__.get("_data"), "validation", None)
+        self._data = self._check_data(X, y, None, self._settings, model=model, reset=False)
+        self._data.validation = validation
+        self.batch_order_ = self._batch_order(self._settings, self._data.n_samples)
+
+    def _continued_history(self) -> HistoryRecorder:
+        """A step history that starts with the rows of ``history_``, for training continued from the fit."""
+        history = HistoryRecorder("step")
+        history.extend_from(self.history_)
+        return history
 
     # -- checks ---------------------------------------------------------------
     def _check_settings(self, eval_every=None) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from daskann import _methods as methods
 from daskann._cli_common import (
     LOG_LEVELS,
     cli_errors,
@@ -33,30 +34,12 @@ if "dask.config" in sys.modules:
     # dask is loaded already, so registering them costs nothing here
     importlib.import_module("daskann.config")
 
-# method commands live with their method and load on first use
-TRAIN_COMMANDS = {
-    "npt": "daskann.npt.cli:train_command",
-    "mgrit": "daskann.mgrit.cli:train_command",
-    "partition": "daskann.partition.cli:train_command",
-}
-BENCH_COMMANDS = {
-    "npt": "daskann.npt.cli:bench_command",
-    "mgrit": "daskann.mgrit.cli:bench_command",
-    "partition": "daskann.partition.cli:bench_command",
-}
+# method commands live with their method and load on first use (each method's entry in daskann._methods)
+TRAIN_COMMANDS = methods.train_commands()
+BENCH_COMMANDS = methods.bench_commands()
 TOP_COMMANDS = {"plan": "daskann.plan.cli:plan_command"}
 # run in order by `daskann demo`; each takes a client and returns a summary dict
-DEMOS = [
-    ("serial", "daskann.demo:serial_demo"),
-    ("npt", "daskann.npt.demo:run_demo"),
-    ("mgrit", "daskann.mgrit.demo:run_demo"),
-    ("partition", "daskann.partition.demo:run_demo"),
-]
-
-
-def _load(spec: str):
-    module, attr = spec.split(":")
-    return getattr(importlib.import_module(module), attr)
+DEMOS = methods.demos()
 
 
 class LazyGroup(click.Group):
@@ -71,11 +54,25 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx, name):
         if name in self.lazy:
-            return _load(self.lazy[name])
+            return methods.load(self.lazy[name])
         return super().get_command(ctx, name)
 
 
-@click.group("daskann", cls=LazyGroup, lazy=TOP_COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+MAIN_HELP = f"""Train neural networks in parallel on Dask.
+
+Methods: {methods.methods_help()}.
+Settings such as timeouts live in Dask's configuration under 'daskann'
+('dask config get daskann', DASK_DASKANN__... environment variables).
+"""
+
+
+@click.group(
+    "daskann",
+    cls=LazyGroup,
+    lazy=TOP_COMMANDS,
+    help=MAIN_HELP,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(package_name="daskann")
 @click.option(
     "--log-level",
@@ -85,13 +82,6 @@ class LazyGroup(click.Group):
     help="Print daskann's log messages of this level and above on stderr.",
 )
 def main(log_level):
-    """Train neural networks in parallel on Dask.
-
-    Methods: serial (the reference), npt (Cannon network-parallel training),
-    mgrit (multigrid over training steps), partition (partitioned pre-training).
-    Settings such as timeouts live in Dask's configuration under 'daskann'
-    ('dask config get daskann', DASK_DASKANN__... environment variables).
-    """
     setup_logging(log_level)
 
 
@@ -133,7 +123,7 @@ def demo(workers, as_json):
             echo_dashboard(c)
             click.echo(f"daskann demo on an embedded LocalCluster: {workers} workers")
         for _name, spec in DEMOS:
-            summary = _load(spec)(c)
+            summary = methods.load(spec)(c)
             print_summary(summary, as_json)
     finally:
         close(c)

@@ -149,7 +149,7 @@ class SerialTrainer(BaseTrainer):
         data = self._check_data(X, y, validation_data, settings, model=init_model)
         order = self._batch_order(settings, data.n_samples)
         total = self._check_length(steps, epochs, order.steps_per_epoch)
-        self._settings, self._data, self.batch_order_ = settings, data, order
+        self._keep_inputs(settings, data, order)
         history = HistoryRecorder("step")
         if resume is not None:
             ckpt = self._load_resume(resume, settings, data, order)
@@ -180,23 +180,12 @@ class SerialTrainer(BaseTrainer):
         -------
         self
         """
-        if not self.__sklearn_is_fitted__():
-            return self._first_partial_fit(X, y, classes, steps, epochs)
-        self._check_partial_classes(classes)
-        settings = self._settings
-        if X is None:
-            self._kept_data()
-        else:
-            # a copy of a trainer fitted on dask arrays keeps no data (BaseTrainer.__getstate__): no validation either
-            validation = getattr(self.__dict__.get("_data"), "validation", None)
-            self._data = self._check_data(X, y, None, settings, model=self.model_, reset=False)
-            self._data.validation = validation
-            self.batch_order_ = self._batch_order(settings, self._data.n_samples)
+        return self._partial_fit(X, y, classes, steps, epochs)
+
+    def _continue_fit(self, X, y, steps, epochs) -> None:
+        self._continue_on(X, y, self.model_)
         total = self._partial_length(steps, epochs)
-        history = HistoryRecorder("step")
-        history.extend_from(self.history_)
-        self._run(self.model_, self.velocity_, self.n_steps_, self.n_steps_ + total, history)
-        return self
+        self._run(self.model_, self.velocity_, self.n_steps_, self.n_steps_ + total, self._continued_history())
 
     def _run(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder) -> None:
         settings = self._settings
@@ -211,9 +200,9 @@ class SerialTrainer(BaseTrainer):
                 self._steps(model, velocity, start, stop, history, bar)
         finally:
             # also on divergence: keep the last finite state and the history so far
-            self.model_, self.velocity_ = model, velocity
-            self.n_steps_ = history.last_coord(default=start)
-            self.history_ = history.to_dataset(self._history_attrs(settings))
+            self._keep_results(
+                model, velocity, history.last_coord(default=start), history.to_dataset(self._history_attrs(settings))
+            )
 
     def _steps(self, model: MLP, velocity, start: int, stop: int, history: HistoryRecorder, bar) -> None:
         settings, data, order = self._settings, self._data, self.batch_order_

@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from daskann import MGRITTrainer, NPTTrainer, PartitionTrainer, SerialTrainer
+from daskann import NPTTrainer
+from daskann._methods import METHODS
 from daskann.exceptions import BatchSizeClipped
 
 # the checks fit on 1 to 300 rows: batch_size is clipped to the smaller ones, as MLPClassifier's
@@ -23,16 +24,17 @@ CLASSIFIER = dict(loss="cross_entropy", lr=0.1, batch_size=64, epochs=5, sgd={"m
 # the regressor checks' targets are not scaled (standard deviation 42) in some checks: a small step stays stable
 REGRESSOR = dict(lr=0.01, batch_size=16, epochs=10, sgd={"momentum": 0.5})
 
-SERIAL = [SerialTrainer((8,), **CLASSIFIER), SerialTrainer((8,), **REGRESSOR)]
-PARALLEL = [
-    # graph mode costs a scheduler round trip per block product: it runs the classifier's shorter fits
-    NPTTrainer((8,), grid="1x2", mode="graph", **CLASSIFIER),
-    NPTTrainer((8,), grid="1x2", mode="resident", **REGRESSOR),
-    MGRITTrainer((8,), **CLASSIFIER),
-    MGRITTrainer((8,), **REGRESSOR),
-    PartitionTrainer((8,), **CLASSIFIER),
-    PartitionTrainer((8,), **REGRESSOR),
-]
+#: each method's classifier and regressor: the settings above with its own (daskann._methods)
+TRAINERS = {
+    method.name: [
+        method.trainer_class()((8,), **own, **settings)
+        for own, settings in zip(method.estimator_checks, (CLASSIFIER, REGRESSOR), strict=True)
+    ]
+    for method in METHODS
+}
+#: a method without a client parameter runs in this process; the others on the cluster
+SERIAL = [t for trainers in TRAINERS.values() for t in trainers if "client" not in t.get_params()]
+PARALLEL = [t for trainers in TRAINERS.values() for t in trainers if "client" in t.get_params()]
 
 
 def _expected_failures(trainer) -> dict:
@@ -75,12 +77,14 @@ def test_bad_input_checks_get_sklearns_messages_and_submit_nothing(name, client2
         check(type(trainer).__name__, trainer)
 
 
-#: one trainer of each parallel method, with the settings above that learn the checks' data fast
+KINDS = ("classifier", "regressor")
+#: one trainer of each parallel method (its classifier), and its regressor where its own settings differ
 EXPLICIT_CLIENT = {
-    "npt-graph": lambda c: NPTTrainer((8,), grid="1x2", mode="graph", client=c, **CLASSIFIER),
-    "npt-resident": lambda c: NPTTrainer((8,), grid="1x2", mode="resident", client=c, **REGRESSOR),
-    "mgrit": lambda c: MGRITTrainer((8,), client=c, **CLASSIFIER),
-    "partition": lambda c: PartitionTrainer((8,), client=c, **CLASSIFIER),
+    f"{method.name}-{kind}": (method.trainer_class(), {**own, **settings})
+    for method in METHODS
+    if "client" in method.trainer_class()._get_param_names()
+    for kind, own, settings in zip(KINDS, method.estimator_checks, (CLASSIFIER, REGRESSOR), strict=True)
+    if kind == "classifier" or own != method.estimator_checks[0]
 }
 
 
@@ -90,7 +94,8 @@ def test_parallel_trainers_pass_the_estimator_checks_with_a_client_parameter(nam
     # clone and hash a trainer (and its get_params()) holding a live client
     from sklearn.utils.estimator_checks import check_estimator
 
-    results = check_estimator(EXPLICIT_CLIENT[name](client2), on_fail=None, on_skip=None)
+    cls, settings = EXPLICIT_CLIENT[name]
+    results = check_estimator(cls((8,), client=client2, **settings), on_fail=None, on_skip=None)
     # check_estimators_pickle runs twice (the second time on read-only memory maps): a list keeps both
     failed = [f"{r['check_name']}: {r['exception']!r}" for r in results if r["status"] == "failed"]
     passed = sum(r["status"] == "passed" for r in results)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import daskann
+from daskann._methods import METHODS
 
 ROOT = Path(daskann.__file__).parent
 #: the command-line modules: the only ones that may import click and the benchmarks
@@ -25,13 +26,11 @@ CLI_MODULES = {
     "daskann.cli",
     "daskann.__main__",
     "daskann._cli_common",
-    "daskann.npt.cli",
-    "daskann.mgrit.cli",
-    "daskann.partition.cli",
+    *(module for method in METHODS for module in method.command_modules),
     "daskann.plan.cli",
 }
 #: packages whose names load on first use (daskann._lazy.attach)
-LAZY_PACKAGES = ("daskann", "daskann.mgrit", "daskann.npt", "daskann.partition", "daskann.plan")
+LAZY_PACKAGES = ("daskann", *(method.package for method in METHODS if method.package), "daskann.plan")
 #: what importing a lazy package, or the command line's help or argument errors, must not load
 HEAVY = ("dask", "distributed", "pandas", "scipy", "sklearn", "xarray", "zarr")
 #: command lines answered from the options alone: help pages, and errors of click or of a flag's own check
@@ -39,8 +38,8 @@ LIGHT_COMMAND_LINES = [
     ["--help"],
     ["--version"],
     *[[group, "--help"] for group in ("train", "bench", "plan", "verify", "demo")],
-    *[["train", method, "--help"] for method in ("serial", "npt", "mgrit", "partition")],
-    *[["bench", method, "--help"] for method in ("npt", "mgrit", "partition")],
+    *[["train", method.name, "--help"] for method in METHODS],
+    *[["bench", method.name, "--help"] for method in METHODS if method.bench_command],
     ["no-such-command"],
     ["train", "npt", "--bogus"],
     ["train", "npt", "--grid", "2y2"],

@@ -443,7 +443,7 @@ class MGRITTrainer(BaseTrainer):
         return result
 
     def _forget_fit(self) -> None:
-        for name in ("model_", "velocity_", "n_steps_", "n_iter_", "result_", "history_"):
+        for name in (*self.RESULT_ATTRIBUTES, "n_iter_", "result_"):
             # a failed fit must not leave an earlier fit's model looking like its result
             if hasattr(self, name):
                 delattr(self, name)
@@ -794,7 +794,7 @@ class MGRITTrainer(BaseTrainer):
 
     def _finish_fit(self, run: _FitRun, result: MGRITResult) -> None:
         """Keep the result, or raise when it did not converge; write the checkpoint; drop a scratch store."""
-        self._settings, self._data, self.batch_order_ = run.settings, run.data, run.order
+        self._keep_inputs(run.settings, run.data, run.order)
         self.result_ = result
         attrs = _result_attrs(result, {**run.options, "alpha_cap": run.prop.alpha_cap})  # "auto" resolved
         if result.ended:
@@ -805,13 +805,14 @@ class MGRITTrainer(BaseTrainer):
             attrs["mgrit_speedup_unlimited"] = result.n_steps / path if path else float("nan")
         if result.forecast is not None:
             attrs["mgrit_forecast"] = json.dumps(result.forecast, default=str)
+        # kept also when the solve did not converge, to be looked at
         self.history_ = run.history.to_dataset({**self._history_attrs(run.settings), **attrs})
         if not result.converged and run.solver["require_convergence"]:
             raise MGRITNotConverged(result)
-        self.model_, self.velocity_ = run.prop.split(result.state)
+        model, velocity = run.prop.split(result.state)
         if not run.prop.velocity:
-            self.velocity_ = self._final_velocity(run)
-        self.n_steps_ = run.total
+            velocity = self._final_velocity(run)
+        self._keep_results(model, velocity, run.total, self.history_)
         self.n_iter_ = result.iterations
         if self._checkpoint_dir is not None:
             self._save_checkpoint(

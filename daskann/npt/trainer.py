@@ -179,7 +179,8 @@ class NPTTrainer(GridResults, BaseTrainer):
             # a column band of X per grid column stays on one worker
             bands = min(npt["grid"][1], len(workers)) if npt["grid"] != "auto" else len(workers)
             check_worker_memory(client, data.X.nbytes // max(bands, 1), name="X")
-            self._settings, self._data, self.batch_order_, self._npt = settings, data, order, npt
+            self._keep_inputs(settings, data, order)
+            self._npt = npt
             history = HistoryRecorder("step")
             start = self._run_start(ckpt, resume, init_model, history)
             self._sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
@@ -227,22 +228,13 @@ class NPTTrainer(GridResults, BaseTrainer):
         memory; the client loads no block. Without a ``checkpoint`` folder, a resident run that loses a grid
         worker during ``partial_fit`` loses that state and fails.
         """
-        if not self.__sklearn_is_fitted__():
-            return self._first_partial_fit(X, y, classes, steps, epochs)
-        self._check_partial_classes(classes)
-        settings = self._settings
-        if X is None:
-            self._kept_data()
-        else:
-            # checked against the net's sizes: the model stays where it is (on the grid, or in its store);
-            # a copy of a trainer fitted on dask arrays keeps no data (BaseTrainer.__getstate__): no validation either
-            validation = getattr(self.__dict__.get("_data"), "validation", None)
-            self._data = self._check_data(X, y, None, settings, model=_sized(self._sizes), reset=False)
-            self._data.validation = validation
-            self.batch_order_ = self._batch_order(settings, self._data.n_samples)
+        return self._partial_fit(X, y, classes, steps, epochs)
+
+    def _continue_fit(self, X, y, steps, epochs) -> None:
+        # checked against the net's sizes: the model stays where it is (on the grid, or in its store)
+        self._continue_on(X, y, _sized(self._sizes))
         steps = self._partial_length(steps, epochs)
-        history = HistoryRecorder("step")
-        history.extend_from(self.history_)
+        history = self._continued_history()
         with self._client() as client, current_client(client), self._run_lock():
             alive = worker_addresses(client)
             previous = self._live_grid_state()
@@ -259,7 +251,6 @@ class NPTTrainer(GridResults, BaseTrainer):
             model, velocity = (self.model_, self.velocity_) if held else (None, None)
             start = RunStart(self.n_steps_, model, velocity, path=source, state=previous)
             self._run(client, start, self.n_steps_ + steps, history)
-        return self
 
     def _fitted_output(self) -> str:
         return self._settings["output"]
@@ -286,14 +277,19 @@ class NPTTrainer(GridResults, BaseTrainer):
         run = self._stretch(begin.step, stop, offset, lambda done, loss: bar.update(done, loss=loss))
         outcome = Outcome(self.grid_, history)
         self._grid_state = self._final_store = None
-        self.model_, self.velocity_ = begin.model, begin.velocity
         try:
             engine(client, run, begin, outcome)
         finally:
             bar.close()
             self._adopt(outcome)
-            self.n_steps_ = history.last_coord(default=begin.step)
-            self.history_ = history.to_dataset(self._run_attrs(run))
+            # a final state on the grid stays there: model_ is read from the last store, or gathered, when touched
+            held = outcome.state is None
+            self._keep_results(
+                begin.model if held else None,
+                begin.velocity if held else None,
+                history.last_coord(default=begin.step),
+                history.to_dataset(self._run_attrs(run)),
+            )
         self._keep_if_closing()
         if outcome.diverged is not None:
             raise TrainingDiverged(*outcome.diverged)
@@ -331,8 +327,7 @@ class NPTTrainer(GridResults, BaseTrainer):
         self.recoveries_ += outcome.recoveries
         self.worker_times_ = outcome.worker_times
         if outcome.state is not None:
-            # the final state stays on the grid: model_ is read from the last store, or gathered, when touched
-            self._grid_state, self.model_, self.velocity_ = outcome.state, None, None
+            self._grid_state = outcome.state
 
     def _run_attrs(self, run: Stretch) -> dict:
         """The history's attributes: the settings, and the grid, mode and replays of the run."""

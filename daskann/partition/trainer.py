@@ -400,7 +400,7 @@ class PartitionTrainer(BaseTrainer):
         # the sub-models together hold fewer parameters than the full network: an upper bound
         self._check_checkpoint_space(settings, sizes, 0, total or 0, extra_steps=sub_total)
         run_dir = self._check_run_dir(resume, settings, partition, sub_total)
-        self._settings, self._data, self.batch_order_ = settings, data, order
+        self._keep_inputs(settings, data, order)
         self.partition_ = partition
         self.sub_steps_ = sub_total
         self.seeds_ = submodel_seeds(settings["seed"], partition.k)
@@ -644,9 +644,7 @@ class PartitionTrainer(BaseTrainer):
         finally:
             self._finetuner = trainer
             if hasattr(trainer, "model_"):
-                self.model_, self.velocity_ = trainer.model_, trainer.velocity_
-                self.n_steps_ = trainer.n_steps_
-                self.history_ = self._timeline(trainer.history_, self._finetune_offset)
+                self._keep_finetuned(trainer)
 
     def _make_finetuner(self, client, settings, run_dir):
         kwargs = constructor_arguments(
@@ -703,18 +701,22 @@ class PartitionTrainer(BaseTrainer):
         ``steps`` / ``epochs``); later calls fine-tune the full network on ``X, y``
         or, when they are None, on the data of the last call.
         """
-        if not self.__sklearn_is_fitted__():
-            return self._first_partial_fit(X, y, classes, steps, epochs)
-        self._check_partial_classes(classes)
+        return self._partial_fit(X, y, classes, steps, epochs)
+
+    def _continue_fit(self, X, y, steps, epochs) -> None:
         trainer = self._finetuner
         if X is not None:
             # the fine-tuner trains on label positions: checked here, against this trainer's classes_
             X, y = self._encoded_for_finetuner(X, y)
         trainer.partial_fit(X, y, steps=steps, epochs=epochs)
-        self.model_, self.velocity_, self.n_steps_ = trainer.model_, trainer.velocity_, trainer.n_steps_
-        self.history_ = self._timeline(trainer.history_, self._finetune_offset)
+        self._keep_finetuned(trainer)
         self.history_.attrs.update(self._run_attrs())
-        return self
+
+    def _keep_finetuned(self, trainer) -> None:
+        """The fine-tuner's results as this trainer's, its history after the sub-models' and the merge's."""
+        self._keep_results(
+            trainer.model_, trainer.velocity_, trainer.n_steps_, self._timeline(trainer.history_, self._finetune_offset)
+        )
 
     def _encoded_for_finetuner(self, X, y):
         """``X, y`` checked against this trainer's fit (features, ``classes_``), labels as their positions."""

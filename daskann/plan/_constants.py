@@ -6,7 +6,9 @@ models (and with them distributed).
 
 from __future__ import annotations
 
-#: the methods a plan predicts
-METHODS = ("npt", "mgrit", "partition")
+from daskann._methods import planned
+
+#: the methods a plan predicts (those whose entry in daskann._methods is planned)
+METHODS = planned()
 #: share of the steps the merged network is fine-tuned for (the rest trains the sub-models)
 FINETUNE_FRACTION = 0.25
