@@ -413,7 +413,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
 
         ``X`` None continues on the kept data; :meth:`_continue_on` switches to new data.
         """
-        raise NotImplementedError(f"{type(self).__name__} does not continue training")
+        raise TypeError(f"{type(self).__name__} does not continue training: it defines no _continue_fit")
 
     # -- bookkeeping of a fit -------------------------------------------------------
     def _keep_inputs(self, settings: dict, data: TrainingData, order: BatchOrder) -> None:
