@@ -95,7 +95,7 @@ def test_graph_mode_births_serial_weights_on_every_grid(client4, grid, share, ch
     engine = GraphEngine(client4, grid, sizes=SIZES, settings=settings, prefix="daskann-npt-test-born", chains=chains)
     with get_task_stream(client4) as stream:
         state = engine.born_state(9)
-        model, velocity = engine.gather_state(state, serial)
+        model, velocity = state.gather({k: getattr(serial, k) for k in ("activation", "output", "negative_slope")})
     assert all(np.array_equal(a, b) for a, b in zip(model.params, serial.params, strict=True))
     assert all(not v.any() for v in velocity) and [v.shape for v in velocity] == [p.shape for p in serial.params]
     born = [r for r in stream.data if "-born-" in str(r["key"])]
@@ -156,9 +156,9 @@ def test_weights_are_dask_arrays_on_the_grid(client4):
         assert np.array_equal(client4.compute(got).result(), want)
     # no data moved: each block is where its cell is
     state = npt._grid_state
-    where = client4.who_has([state.futures[b.key] for line in state.weights[0].blocks for b in line])
+    where = client4.who_has([state.futures[b.key] for line in state.weight_mats[0].blocks for b in line])
     for i, j in npt.grid_.cells():
-        assert where[state.weights[0].blocks[i][j].key] == (npt.grid_.owner(i, j),)
+        assert where[state.weight_mats[0].blocks[i][j].key] == (npt.grid_.owner(i, j),)
     again = pickle.loads(pickle.dumps(npt))  # the grid's futures are left out, the client kept as a reference
     assert again.client is client4 and npt._grid_state is not None
     assert isinstance(again.weights_[0], np.ndarray) and np.array_equal(again.weights_[1], npt.model_.weights[1])

@@ -71,3 +71,12 @@ def _verify_blocks(path: str, blocks) -> None:
     """Task body of :func:`verify_store`: check ``blocks`` (``(array, "i.j")``) of one store."""
     for name, index in blocks:
         store.verify_block(path, name, index)
+
+
+def block_digests(parts) -> dict:
+    """``{array: {"i.j": sha256}}`` from the ``[(array, "i.j", sha256), ...]`` the cells' save tasks return."""
+    digests: dict = {}
+    for part in parts:
+        for array, index, digest in part:
+            digests.setdefault(array, {})[index] = digest
+    return digests

@@ -200,20 +200,11 @@ class _Attempt:
         run = self.run
         if done not in run.checkpoint_steps or run.on_checkpoint is None:
             return
-        # each cell writes its blocks; the client commits the store once every digest is back
-        path = run.on_checkpoint(done, self.engine.store_layout(), lambda tmp: self._write_blocks(done, tmp))
+        # each cell writes its blocks; the client commits the store once every digest is back, waiting as for a
+        # step: a grid worker lost here means a replay, not an error
+        state = self.states[done]
+        path = run.on_checkpoint(done, self.engine.store_layout(), lambda tmp: state.save(tmp, gather=self._gather))
         self.anchor = RunStart(done, path=path)
-
-    def _write_blocks(self, done: int, tmp) -> dict:
-        """Every block of the state after ``done`` steps written into ``tmp``: ``{array: {"i.j": sha256}}``.
-
-        Bounded and watched like a step: a grid worker lost here means a replay, not an error.
-        """
-        digests: dict = defaultdict(dict)
-        for part in self._gather(self.engine.submit_save(self.states[done], tmp)):
-            for array, index, digest in part:
-                digests[array][index] = digest
-        return dict(digests)
 
     def _gather(self, futures):
         return self.watch.gather(futures, self.anchor)

@@ -1,59 +1,43 @@
 """The results of an NPT run read where they live: the final state on the grid's cells.
 
-Both modes leave their final state on the cells (graph mode a ``GridState``, resident mode a
-:class:`~daskann.npt.resident.ResidentState`); these helpers gather it, view its blocks as dask
-arrays and predict from them without moving the model to the client; :class:`GridResults` gives
-:class:`~daskann.npt.trainer.NPTTrainer` its fitted attributes through them.
+Both modes leave there one kind of :class:`FinalState` (graph mode a ``GridState``, resident mode a
+:class:`~daskann.npt.resident.ResidentState`); :func:`grid_logits` predicts from its blocks without
+moving the model to the client; :class:`GridResults` gives :class:`~daskann.npt.trainer.NPTTrainer`
+its fitted attributes through it.
 """
 
 from __future__ import annotations
 
-import operator
-import uuid
-from types import SimpleNamespace
+from typing import Protocol
 
 import dask.array as da
 import numpy as np
-from dask.highlevelgraph import HighLevelGraph
 
 from daskann import store
-from daskann._compat import Task, TaskRef
 from daskann._dask_input import is_dask_array
 from daskann.nn import MLP, activate
-from daskann.npt.graph_mode import GraphEngine
 
 
-def is_resident(state) -> bool:
-    """Whether a live final state is a resident run's (:class:`daskann.npt.resident.ResidentState`)."""
-    return hasattr(state, "layout")
+class FinalState(Protocol):
+    """The state a run left on the grid's cells, read and written where it lives.
 
+    ``client`` is the client its ``futures`` belong to; :meth:`gather` brings the model and its
+    velocity to the client, :meth:`save` has the cells write a checkpoint store's blocks and returns
+    their digests, :meth:`weights` and :meth:`biases` view the blocks as dask arrays.
+    """
 
-def state_client(state):
-    """The client the futures of a final state belong to."""
-    return next(iter(state.futures.values())).client
+    futures: dict
 
+    @property
+    def client(self): ...
 
-def gather_state(state, grid, sizes, settings: dict):
-    """Model and velocity of a final state on ``grid``, gathered to the client."""
-    if is_resident(state):
-        return state.gather(settings)
-    engine = GraphEngine(state_client(state), grid, sizes=sizes, settings=settings, prefix="gather")
-    like = SimpleNamespace(**{k: settings[k] for k in ("activation", "output", "negative_slope")})
-    return engine.gather_state(state, like)
+    def gather(self, settings: dict) -> tuple[MLP, list]: ...
 
+    def save(self, tmp) -> dict: ...
 
-def state_weights(state) -> list:
-    """The weights of a final state as dask arrays chunked as its blocks."""
-    if is_resident(state):
-        return state.weights()
-    return [mat.to_dask() for mat in state.weights]
+    def weights(self) -> list: ...
 
-
-def state_biases(state, dtype) -> list:
-    """The biases of a final state as dask arrays, one chunk per grid column."""
-    if is_resident(state):
-        return state.biases()
-    return [_bias_to_dask(line, state.futures, np.dtype(dtype)) for line in state.biases]
+    def biases(self) -> list: ...
 
 
 def grid_logits(client, X, weights, biases, settings: dict):
@@ -72,18 +56,6 @@ def grid_logits(client, X, weights, biases, settings: dict):
         A = Z.map_blocks(activate, settings["activation"], settings["negative_slope"], dtype=Z.dtype)
     Z = Z.rechunk({1: -1})
     return Z if lazy else client.compute(Z, sync=True)
-
-
-def _bias_to_dask(blocks, futures: dict, dtype):
-    """A 1-d dask array over a layer's bias blocks (``{"b", "v"}`` dicts on the grid), read where they live."""
-    name = f"{blocks[0].key}-dask-{uuid.uuid4().hex[:6]}"
-    dsk = {}
-    for j, blk in enumerate(blocks):
-        dsk[(f"{name}-source", j)] = futures[blk.key]  # keeps the block alive
-        dsk[(name, j)] = Task((name, j), operator.getitem, TaskRef((f"{name}-source", j)), blk.field)
-    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
-    chunks = (tuple(blk.shape[1] for blk in blocks),)
-    return da.Array(graph, name, chunks, dtype=dtype, shape=(sum(chunks[0]),))
 
 
 class GridResults:
@@ -134,11 +106,7 @@ class GridResults:
         state = self._live_grid_state()
         if state is None:
             raise AttributeError(f"{type(self).__name__} has no model_ (not fitted, or its grid is gone)")
-        return self._gather_grid(state)
-
-    def _gather_grid(self, state):
-        """Model and velocity of a grid state, gathered to the client."""
-        return gather_state(state, self.grid_, self._sizes, self._settings)
+        return state.gather(self._settings)
 
     def __sklearn_is_fitted__(self) -> bool:
         return any(self.__dict__.get(name) is not None for name in ("_model", "_final_store")) or (
@@ -150,7 +118,7 @@ class GridResults:
         state = self._live_grid_state()
         if state is None or self.__dict__.get("_model") is not None:
             return None
-        return state_client(state)
+        return state.client
 
     def _compute(self, array) -> np.ndarray:
         client = self._grid_client()
@@ -180,7 +148,7 @@ class GridResults:
         state = self._live_grid_state()
         if state is None:
             return super().weights_
-        return state_weights(state)
+        return state.weights()
 
     @property
     def biases_(self) -> list:
@@ -188,7 +156,7 @@ class GridResults:
         state = self._live_grid_state()
         if state is None:
             return super().biases_
-        return state_biases(state, self._settings["dtype"])
+        return state.biases()
 
     def __getstate__(self):
         # the final state's futures belong to one live client, and a copy may load where neither the grid nor
@@ -201,14 +169,14 @@ class GridResults:
             state["_model"], state["_velocity"] = self._read_final()
         return state
 
-    def _live_grid_state(self):
-        """The final graph-mode state while its cluster runs (an embedded cluster is closed after ``fit``)."""
+    def _live_grid_state(self) -> FinalState | None:
+        """The final state on the grid while its cluster runs (an embedded cluster is closed after ``fit``)."""
         state = getattr(self, "_grid_state", None)
         if state is None or not state.futures:
             return None
-        return state if state_client(state).status == "running" else None
+        return state if state.client.status == "running" else None
 
     def _keep_if_closing(self) -> None:
         """Gather a final state held on the grid alone while its cluster runs, if that cluster closes after fit."""
         if self._final_store is None and self.client is None and self._live_grid_state() is not None:
-            self.model_, self.velocity_ = self._gather_grid(self._grid_state)
+            self.model_, self.velocity_ = self._grid_state.gather(self._settings)

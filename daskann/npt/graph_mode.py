@@ -25,6 +25,7 @@ are submitted ahead while earlier ones run.
 
 from __future__ import annotations
 
+import operator
 import uuid
 from dataclasses import dataclass, field
 
@@ -33,10 +34,11 @@ import numpy as np
 from daskann._dask_input import is_dask_array, materialize
 from daskann.nn import MLP, init_bias_block, init_weight_block
 from daskann.npt import _kernels
+from daskann.npt._checkpoints import block_digests
 from daskann.npt._graph import GraphBuilder
 from daskann.npt.cannon import TrafficLedger, add_product
 from daskann.npt.grid import ProcessGrid, split_bounds
-from daskann.npt.matrix import Block, GridMatrix, scatter_to
+from daskann.npt.matrix import Block, GridMatrix, blocks_to_dask, scatter_to
 from daskann.store import BlockArray, read_region, write_block
 
 # largest weight block (bytes) stored with its velocity under one key in fused mode
@@ -45,19 +47,83 @@ PACK_LIMIT = 64 * 2**10
 
 @dataclass
 class GridState:
-    """Parameters and velocities on the grid after ``step`` steps."""
+    """Parameters and velocities on the grid after ``step`` steps, read and saved where they live.
+
+    A run's final state, as :class:`~daskann.npt.resident.ResidentState` (a ``FinalState`` of
+    :mod:`daskann.npt._grid_results`).
+    """
 
     step: int
-    weights: list  # GridMatrix per layer
-    velocities: list  # GridMatrix per layer
-    biases: list  # per layer, per grid column: Block of a dict {"b", "v"} on cell (0, j)
+    weight_mats: list  # GridMatrix per layer
+    velocity_mats: list  # GridMatrix per layer
+    bias_blocks: list  # per layer, per grid column: Block of a dict {"b", "v"} on cell (0, j)
     futures: dict = field(default_factory=dict, repr=False)
+    prefix: str = ""  # key prefix of the engine that made it: its saves' keys start with it
 
     def keys(self) -> list[str]:
         keys = []
-        for w, v, b in zip(self.weights, self.velocities, self.biases, strict=True):
+        for w, v, b in zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True):
             keys += w.keys() + v.keys() + [blk.key for blk in b]
         return list(dict.fromkeys(keys))  # a packed block holds a weight and its velocity under one key
+
+    @property
+    def client(self):
+        return next(iter(self.futures.values())).client
+
+    def gather(self, settings: dict) -> tuple[MLP, list]:
+        """Model and velocity on the client (``settings``: activation, output, negative_slope)."""
+        values = dict(zip(self.futures, self.client.gather(list(self.futures.values())), strict=True))
+        weights, biases, velocity = [], [], []
+        for W, V, line in zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True):
+            weights.append(_assemble(W, values))
+            biases.append(np.concatenate([values[blk.key]["b"] for blk in line]))
+            velocity += [_assemble(V, values), np.concatenate([values[blk.key]["v"] for blk in line])]
+        net = {k: settings[k] for k in ("activation", "output", "negative_slope")}
+        return MLP.from_arrays(weights, biases, **net), velocity
+
+    def save(self, tmp, gather=None) -> dict:
+        """Every block written into the open checkpoint store ``tmp`` by its cell: ``{array: {"i.j": sha256}}``.
+
+        ``gather`` (futures -> values, the client's by default) lets training bound and watch the wait.
+        """
+        tmp = str(tmp)
+        builder = GraphBuilder(self.client, f"{self.prefix}-save{self.step}-{uuid.uuid4().hex[:6]}")
+        keys = []
+        for layer, (W, V, line) in enumerate(zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True)):
+            for tag, array, mat in (("w", f"weights/{layer}", W), ("v", f"velocity/{2 * layer}", V)):
+                for i, r in enumerate(mat.row_bounds):
+                    for j, c in enumerate(mat.col_bounds):
+                        blk = mat.blocks[i][j]
+                        spec = blk.spec(builder.ref(blk.key))
+                        key = f"{builder.name}-{tag}{layer}-{i}-{j}"
+                        keys.append(
+                            builder.add(key, _save_block, tmp, array, f"{i}.{j}", (r, c), spec, owner=mat.owner(i, j))
+                        )
+            names = (f"biases/{layer}", f"velocity/{2 * layer + 1}")
+            for j, (blk, c) in enumerate(zip(line, W.col_bounds, strict=True)):
+                key = f"{builder.name}-b{layer}-{j}"
+                keys.append(
+                    builder.add(key, _save_bias, tmp, names, j, c, builder.ref(blk.key), owner=W.grid.owner(0, j))
+                )
+        futures = builder.submit(keys, keep=self.futures)
+        return block_digests((gather or self.client.gather)([futures[k] for k in keys]))
+
+    def weights(self) -> list:
+        """One dask array per layer whose chunks are the blocks, read where they live."""
+        return [mat.to_dask() for mat in self.weight_mats]
+
+    def biases(self) -> list:
+        """One dask array per layer, one chunk per grid column (on its column's first cell)."""
+        return [
+            blocks_to_dask(
+                f"{line[0].key}-dask-{uuid.uuid4().hex[:6]}",
+                [self.futures[blk.key] for blk in line],
+                {(j,): (j, operator.getitem, blk.field) for j, blk in enumerate(line)},
+                (tuple(blk.shape[1] for blk in line),),
+                W.dtype,
+            )
+            for W, line in zip(self.weight_mats, self.bias_blocks, strict=True)
+        ]
 
 
 @dataclass
@@ -295,36 +361,6 @@ class GraphEngine:
                 layout[array] = BlockArray((shape[1],), name, (cols,))
         return layout
 
-    def submit_save(self, state: GridState, tmp) -> list:
-        """Every block of ``state`` written into the open block store ``tmp`` by a task on its owner.
-
-        Returns futures of ``[(array, "i.j", sha256), ...]``, one list per task.
-        """
-        grid, tmp = self.grid, str(tmp)
-        builder = GraphBuilder(self.client, f"{self.prefix}-save{state.step}-{uuid.uuid4().hex[:6]}")
-        keys = []
-        for layer in range(self.n_layers):
-            for tag, array, mat in (
-                ("w", f"weights/{layer}", state.weights[layer]),
-                ("v", f"velocity/{2 * layer}", state.velocities[layer]),
-            ):
-                for i, r in enumerate(mat.row_bounds):
-                    for j, c in enumerate(mat.col_bounds):
-                        blk = mat.blocks[i][j]
-                        spec = blk.spec(builder.ref(blk.key))
-                        key = f"{builder.name}-{tag}{layer}-{i}-{j}"
-                        keys.append(
-                            builder.add(key, _save_block, tmp, array, f"{i}.{j}", (r, c), spec, owner=mat.owner(i, j))
-                        )
-            names = (f"biases/{layer}", f"velocity/{2 * layer + 1}")
-            for j, (blk, c) in enumerate(zip(state.biases[layer], self.col_bounds[layer + 1], strict=True)):
-                key = f"{builder.name}-b{layer}-{j}"
-                keys.append(
-                    builder.add(key, _save_bias, tmp, names, j, c, builder.ref(blk.key), owner=grid.owner(0, j))
-                )
-        futures = builder.submit(keys, keep=state.futures)
-        return [futures[k] for k in keys]
-
     def _born_matrix(
         self, builder: GraphBuilder, seed: int | None, layer: int, kind: str, field_name, *, path: str | None = None
     ) -> GridMatrix:
@@ -350,24 +386,6 @@ class GraphEngine:
             blocks.append(line)
         return GridMatrix(self.grid, shape, self.dtype, rows, cols, blocks)
 
-    def gather_state(self, state: GridState, like: MLP, gather=None) -> tuple[MLP, list]:
-        """Weights and velocities as numpy arrays on the client (``gather``: futures -> values)."""
-        gather = self.client.gather if gather is None else gather
-        values = dict(zip(state.futures, gather(list(state.futures.values())), strict=True))
-        weights, biases, velocity = [], [], []
-        for layer in range(self.n_layers):
-            w = _assemble(state.weights[layer], values)
-            v = _assemble(state.velocities[layer], values)
-            b = np.concatenate([values[blk.key]["b"] for blk in state.biases[layer]])
-            vb = np.concatenate([values[blk.key]["v"] for blk in state.biases[layer]])
-            weights.append(w)
-            biases.append(b)
-            velocity += [v, vb]
-        model = MLP.from_arrays(
-            weights, biases, activation=like.activation, output=like.output, negative_slope=like.negative_slope
-        )
-        return model, velocity
-
     def _largest_weight_block(self) -> int:
         """Bytes of the largest weight block on the grid."""
         return max(
@@ -383,8 +401,8 @@ class GraphEngine:
         return Block(key, shape, field=field, stored=(2 * shape[0], shape[1]))
 
     def _attach(self, state: GridState, futures: dict) -> GridState:
-        state.futures = {k: futures[k] for k in state.keys()}
-        for mat in state.weights + state.velocities:
+        state.futures, state.prefix = {k: futures[k] for k in state.keys()}, self.prefix
+        for mat in state.weight_mats + state.velocity_mats:
             mat.futures = {k: state.futures[k] for k in mat.keys()}
         return state
 
@@ -402,7 +420,7 @@ class GraphEngine:
         backward = _kernels.ActivationBackward(*act)
         new_w, new_v, new_b = [None] * self.n_layers, [None] * self.n_layers, [None] * self.n_layers
         for layer in range(self.n_layers - 1, -1, -1):
-            W, V = state.weights[layer], state.velocities[layer]
+            W, V = state.weight_mats[layer], state.velocity_mats[layer]
             A_prev = A0 if layer == 0 else Z[layer - 1].activated(*act)
             if layer > 0:
                 Zp = Z[layer - 1]
@@ -421,14 +439,14 @@ class GraphEngine:
             new_w[layer], new_v[layer] = self._weight_updates(
                 builder, ledger, W, V, A_prev, dZ, f"{name}-g{layer}", f"{name}-w{layer}"
             )
-            new_b[layer] = self._bias_updates(builder, ledger, state.biases[layer], dZ, layer, name)
+            new_b[layer] = self._bias_updates(builder, ledger, state.bias_blocks[layer], dZ, layer, name)
             if layer > 0:
                 dZ = dZ_prev
         new = GridState(step + 1, new_w, new_v, new_b)
         futures = builder.submit(new.keys(), keep=[state.futures, data.futures, y_keep])
         self.ledgers[step] = ledger.bytes
         new = self._attach(new, futures)
-        loss_futures = [new.futures[blk.key] for blk in new.biases[-1]]
+        loss_futures = [new.futures[blk.key] for blk in new.bias_blocks[-1]]
         return new, loss_futures
 
     def _weight_updates(self, builder, ledger, W, V, A_prev, dZ, grad_name: str, update_name: str):
@@ -529,7 +547,7 @@ class GraphEngine:
         A0 = A
         Z = []
         for layer in range(self.n_layers):
-            bias = state.biases[layer]
+            bias = state.bias_blocks[layer]
             if layer == self.n_layers - 1 and not self.panel_loss:
                 # MSE on a linear output: each output block's last task also gives its loss gradient
                 scale = 2.0 / (len(rows) * self.sizes[-1])
@@ -546,7 +564,7 @@ class GraphEngine:
             Zl = add_product(
                 builder,
                 A,
-                state.weights[layer],
+                state.weight_mats[layer],
                 name=f"{name}-f{layer}",
                 out_rows=batch_bounds,
                 out_cols=self.col_bounds[layer + 1],
@@ -663,7 +681,7 @@ class GraphEngine:
         builder = GraphBuilder(self.client, f"{self.prefix}-finite{state.step}-{uuid.uuid4().hex[:6]}")
         keys_p, keys_v = [], []
         for layer in range(self.n_layers):
-            for kind, mat in (("w", state.weights[layer]), ("v", state.velocities[layer])):
+            for kind, mat in (("w", state.weight_mats[layer]), ("v", state.velocity_mats[layer])):
                 for i in range(self.grid.rows):
                     for j in range(self.grid.cols):
                         blk = mat.blocks[i][j]
@@ -674,7 +692,7 @@ class GraphEngine:
                             owner=self.grid.owner(i, j),
                         )
                         (keys_p if kind == "w" else keys_v).append(k)
-            for j, blk in enumerate(state.biases[layer]):
+            for j, blk in enumerate(state.bias_blocks[layer]):
                 keys_p.append(
                     builder.add(
                         f"{builder.name}-b{layer}-{j}",

@@ -209,6 +209,19 @@ class GridMatrix:
         self.futures = {}
 
 
+def blocks_to_dask(name: str, sources: list, reads: dict, chunks, dtype):
+    """A dask array named ``name`` over blocks read where they live (no data moves).
+
+    Chunk ``index`` is ``fn(sources[k], *args)`` for ``reads[index] = (k, fn, *args)``; the
+    ``sources`` (futures) sit in the graph under keys of their own, keeping them alive.
+    """
+    dsk = {(f"{name}-source", k): future for k, future in enumerate(sources)}
+    for index, (k, fn, *args) in reads.items():
+        dsk[(name, *index)] = Task((name, *index), fn, TaskRef((f"{name}-source", k)), *args)
+    graph = HighLevelGraph.from_collections(name, dsk, dependencies=())
+    return da.Array(graph, name, chunks, dtype=dtype)
+
+
 def scatter_to(client, data: dict, where: dict) -> dict:
     """Scatter ``data`` (key -> value) with each key on the worker ``where`` names."""
     futures = {}

@@ -27,18 +27,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-import dask.array as da
 import numpy as np
-from dask.highlevelgraph import HighLevelGraph
 from distributed import Future
 
 from daskann import config
-from daskann._compat import Task, TaskRef
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import check_float, check_int, invalid
 from daskann.cluster import wait_watching, workers_left
 from daskann.exceptions import LostWorkersError, ResidentError
 from daskann.nn import MLP
+from daskann.npt._checkpoints import block_digests
 from daskann.npt._exchange import (
     ExchangeAborted,
     ExchangeTimeout,
@@ -52,6 +50,7 @@ from daskann.npt._resident_program import block_of, owned_blocks, run_worker, sa
 from daskann.npt._start import RunStart
 from daskann.npt._timings import resident_worker_times
 from daskann.npt.grid import split_bounds
+from daskann.npt.matrix import blocks_to_dask
 
 __all__ = [
     "ResidentError",
@@ -105,11 +104,9 @@ class ResidentState:
 
     def save(self, tmp) -> dict:
         """Every block written into the open checkpoint store ``tmp`` by its worker: ``{array: {"i.j": sha256}}``."""
-        digests: dict = {}
-        for part in _gather_on(self.client, self._each(save_blocks, self.layout, str(tmp), tag="save"), self.layout):
-            for array, index, digest in part:
-                digests.setdefault(array, {})[index] = digest
-        return digests
+        return block_digests(
+            _gather_on(self.client, self._each(save_blocks, self.layout, str(tmp), tag="save"), self.layout)
+        )
 
     def weights(self) -> list:
         """One dask array per layer whose chunks are the blocks, read where they live."""
@@ -129,19 +126,13 @@ class ResidentState:
         ]
 
     def _to_dask(self, tag: str, name: str, keys: dict, bounds):
-        layout = self.layout
-        array = f"{next(iter(self.futures.values())).key}-{tag}-dask-{uuid.uuid4().hex[:6]}"
-        dsk = {}
-        for k, future in enumerate(self.futures.values()):
-            dsk[(f"{array}-source", k)] = future  # keeps the worker's result alive
-        index = {w: k for k, w in enumerate(self.futures)}
+        index, reads = {w: k for k, w in enumerate(self.futures)}, {}
         for chunk, key in keys.items():
             cell = (0, chunk[0]) if len(chunk) == 1 else chunk
-            source = TaskRef((f"{array}-source", index[layout.cell_workers[cell]]))
-            dsk[(array, *chunk)] = Task((array, *chunk), block_of, source, name, key)
-        graph = HighLevelGraph.from_collections(array, dsk, dependencies=())
+            reads[chunk] = (index[self.layout.cell_workers[cell]], block_of, name, key)
+        array = f"{next(iter(self.futures.values())).key}-{tag}-dask-{uuid.uuid4().hex[:6]}"
         chunks = tuple(tuple(b - a for a, b in axis) for axis in bounds)
-        return da.Array(graph, array, chunks, dtype=self.dtype)
+        return blocks_to_dask(array, list(self.futures.values()), reads, chunks, self.dtype)
 
 
 @dataclass
