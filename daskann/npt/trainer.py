@@ -12,12 +12,18 @@ from daskann._history import HistoryRecorder
 from daskann._typing import Activation, Loss, NPTMode
 from daskann.cluster import check_worker_memory, current_client, worker_addresses
 from daskann.nn import MLP, SGD
-from daskann.npt._checkpoints import block_checkpoint_writer, verify_store
-from daskann.npt._engine_options import CHAINS, NPTEngineOptions, check_npt_options
 from daskann.npt._graph_run import run_graph
 from daskann.npt._grid_results import GridResults
 from daskann.npt._run import RunRecord, RunSpec, RunStart
-from daskann.npt._setup import check_block_memory, check_cluster, grid_and_mode
+from daskann.npt._setup import (
+    CHAINS,
+    NPTEngineOptions,
+    check_block_memory,
+    check_cluster,
+    check_npt_options,
+    grid_and_mode,
+    verify_store,
+)
 from daskann.npt.costmodel import pipeline_chains
 from daskann.npt.grid import ProcessGrid
 
@@ -346,14 +352,31 @@ class NPTTrainer(GridResults, BaseTrainer):
     def _block_checkpoint_fn(self, stop: int):
         """``save(step, layout, write) -> path``: a store whose blocks the cells write, committed here.
 
+        ``write(tmp)`` writes every block from its cell; the store of step ``stop`` becomes the final one
+        (:meth:`_set_final`).
+
         One format for both modes (graph mode cuts it on the grid, resident mode on its virtual Cannon
         grid): either resumes the other's checkpoints, on any grid.
         """
+        settings, directory, order = self._settings, self._checkpoint_dir, self.batch_order_
+        net = {
+            "sizes": list(self._sizes),
+            "activation": settings["activation"],
+            "output": settings["output"],
+            "dtype": np.dtype(settings["dtype"]).name,
+            "negative_slope": settings["negative_slope"],
+        }
+        training = self._training_config(settings)
         extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
-        training = self._training_config(self._settings)
-        return block_checkpoint_writer(
-            self._checkpoint_dir, self._sizes, self._settings, self.batch_order_, training, extra, stop, self._set_final
-        )
+
+        def save(step, layout, write):
+            attrs = store.checkpoint_attrs(net, step, order.get_state(), training, extra)
+            path = store.write_block_group(store.checkpoint_path(directory, step), layout, write, attrs)
+            if step == stop:
+                self._set_final(path)
+            return path
+
+        return save
 
     def _set_final(self, path) -> None:
         self._final_store = path
