@@ -18,9 +18,9 @@ Loss = Literal["mse", "cross_entropy", "sse"]
 FloatDType = Literal["float32", "float64"]
 #: data set of ``load_dataset`` and ``daskann train --dataset`` (``daskann.data.DATASETS``)
 DatasetName = Literal["linear", "digits", "mnist1d", "mnist", "cifar10"]
-#: NPT execution mode (``daskann.npt._engine_options.MODES``)
+#: NPT execution mode (``daskann.npt._setup.MODES``)
 NPTMode = Literal["auto", "graph", "resident"]
-#: NPT graph-mode pipelining (``daskann.npt._engine_options.PIPELINES``)
+#: NPT graph-mode pipelining (``daskann.npt._setup.PIPELINES``)
 NPTPipeline = Literal["auto", "fused", "single", "double"]
 #: where MGRIT's tasks run (``daskann.mgrit.trainer.SCHEDULERS``)
 MGRITScheduler = Literal["distributed", "threads", "sync", "inprocess"]

@@ -13,7 +13,7 @@ runs each).
 :class:`WireArray` is an ndarray that serialises behind an 8-byte lead buffer,
 so that the lead takes the header's allocation and the block's data is read
 into an allocation of its own, aligned as every numpy array is. It arrives as
-a plain ndarray. Pinned tasks (:class:`daskann.npt._graph.GraphBuilder`) store
+a plain ndarray. Pinned tasks (:class:`daskann.npt.matrix.GraphBuilder`) store
 their results as wire arrays, and resident mode sends its blocks as wire arrays.
 Should distributed lay its messages out differently, blocks still arrive
 intact, if perhaps unaligned.

@@ -236,7 +236,7 @@ def test_breakdown_is_off_by_default():
 
 
 def test_graph_worker_times_split_each_window_once():
-    from daskann.npt._timings import graph_worker_times, resident_worker_times
+    from daskann.npt._run import graph_worker_times, resident_worker_times
 
     # compute 0-1 and 2-3; a transfer 0.5-2.5 is exposed only in 1-2; deserialising 3.5-4 before the last task
     spans = {

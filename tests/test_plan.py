@@ -182,7 +182,7 @@ def test_monotone_in_flop_rate_and_latency(method):
 
 
 def test_mpi_like_npt_optimum_grows_with_the_net():
-    from daskann.npt._paper_nets import PAPER_NETS
+    from daskann.npt.costmodel import PAPER_NETS
 
     mpi = ClusterSpec(workers=(1, 4, 16, 64, 256), flop_rate=1e10, latency=2e-6, bandwidth=5e9, task_overhead=0.0)
     optimum = []
@@ -199,7 +199,7 @@ def test_mpi_like_npt_optimum_grows_with_the_net():
 )
 def test_paper_nets_npt_optimum_on_the_documented_mpi_cluster(bandwidth, expected):
     # docs/plan.md's table: 10 GFLOP/s, 1 us per message, square Cannon grids, batch 128
-    from daskann.npt._paper_nets import PAPER_NETS
+    from daskann.npt.costmodel import PAPER_NETS
 
     mpi = ClusterSpec(workers=(1,), flop_rate=1e10, latency=1e-6, bandwidth=bandwidth, task_overhead=0.0)
     grids = []

@@ -7,7 +7,7 @@ import pytest
 from distributed.protocol import deserialize, serialize
 
 from daskann._wire import MIN_BYTES, WireArray, call, for_transfer
-from daskann.npt._graph import GraphBuilder
+from daskann.npt.matrix import GraphBuilder
 
 
 def test_round_trip_gives_plain_equal_array():

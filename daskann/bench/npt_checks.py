@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from daskann.npt._paper_nets import PAPER_NETS
+from daskann.npt.costmodel import PAPER_NETS
 
 
 def checks(table: list[dict], plans: dict, pairs: dict | None = None) -> dict:

@@ -13,7 +13,7 @@ if the cluster shrank) and replays the steps since the last state it holds
 its own key prefix, so the replayed steps give exactly the same numbers.
 Training gives up with :class:`~daskann.exceptions.LostWorkersError` after
 ``max_recoveries`` replays from the same state; a replay that reaches a new
-checkpoint renews the budget (see :mod:`daskann.npt._replay`).
+checkpoint renews the budget (see :mod:`daskann.npt._run`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,7 @@ import numpy as np
 from daskann import config
 from daskann.cluster import wait_watching, workers_left
 from daskann.exceptions import WorkerLost
-from daskann.npt._replay import Replays
-from daskann.npt._start import RunStart
-from daskann.npt._stretch import Outcome, Stretch
-from daskann.npt._timings import graph_worker_times
+from daskann.npt._run import Replays, RunRecord, RunSpec, RunStart, graph_worker_times
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
 
@@ -51,18 +48,18 @@ class GraphResult:
     state: object = None  # the final GridState (after divergence, the last finite one), alive on the grid
 
 
-def run_graph(client, run: Stretch, start: RunStart, outcome: Outcome) -> None:
-    """Graph mode from ``start`` on ``outcome.grid``: its history rows, grid and final state go into ``outcome``."""
-    result = train_graph(client, outcome.grid, run, start=start)
+def run_graph(client, run: RunSpec, start: RunStart, record: RunRecord) -> None:
+    """Graph mode from ``start`` on ``record.grid``: its history rows, grid and final state go into ``record``."""
+    result = train_graph(client, record.grid, run, start=start)
     for done in sorted(result.rows):
-        outcome.history.append(done, **result.rows[done])
-    outcome.grid, outcome.recoveries, outcome.state = result.grid, result.recoveries, result.state
-    outcome.worker_times.update(result.timings)
+        record.history.append(done, **result.rows[done])
+    record.grid, record.recoveries, record.state = result.grid, result.recoveries, result.state
+    record.worker_times.update(result.timings)
     if result.diverged_step is not None:
-        outcome.diverged = (result.diverged_step, result.diverged_what)
+        record.diverged = (result.diverged_step, result.diverged_what)
 
 
-def train_graph(client, grid: ProcessGrid, run: Stretch, *, start: RunStart) -> GraphResult:
+def train_graph(client, grid: ProcessGrid, run: RunSpec, *, start: RunStart) -> GraphResult:
     """Train steps ``start.step .. run.stop - 1`` from the state ``start``; see the module docstring."""
     max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
     held = [v.copy() for v in start.velocity] if start.velocity is not None else None
@@ -72,10 +69,10 @@ def train_graph(client, grid: ProcessGrid, run: Stretch, *, start: RunStart) -> 
     client.get_task_stream(start=task_stream_start)  # makes the scheduler record from now on
     replays = Replays(client, grid, what="graph-mode training", budget=max_recoveries, timeout=run.timeout)
 
-    def attempt(grid: ProcessGrid, anchor: RunStart, number: int) -> GraphResult:
-        for done in [d for d in rows if d > anchor.step]:
-            del rows[done]  # recorded by a try that did not finish: replayed from the anchor
-        return _Attempt(client, grid, run, anchor, rows, prefix=f"{run.run_id}-a{number}", t0=t0).train()
+    def attempt(grid: ProcessGrid, begin: RunStart, number: int) -> GraphResult:
+        for done in [d for d in rows if d > begin.step]:
+            del rows[done]  # recorded by a try that did not finish: replayed from where this try begins
+        return _Attempt(client, grid, run, begin, rows, prefix=f"{run.run_id}-a{number}", t0=t0).train()
 
     result = replays.run(replace(start, velocity=held), attempt)
     result.grid, result.recoveries = replays.grid, replays.tries
@@ -90,11 +87,10 @@ class _Attempt:
     checkpoint reached) when a grid worker leaves.
     """
 
-    def __init__(
-        self, client, grid: ProcessGrid, run: Stretch, anchor: RunStart, rows: dict, *, prefix: str, t0: float
-    ):
-        self.run, self.anchor, self.rows, self.prefix, self.t0 = run, anchor, rows, prefix, t0
-        self.origin = anchor  # the state this attempt starts from: a diverged run may replay from it
+    def __init__(self, client, grid: ProcessGrid, run: RunSpec, start: RunStart, rows: dict, *, prefix: str, t0: float):
+        self.run, self.rows, self.prefix, self.t0 = run, rows, prefix, t0
+        self.start = start  # the state this attempt starts from: a diverged run may replay from it
+        self.restart_from = start  # the latest state a replay restarts from: the start, then each checkpoint
         self.grid = grid
         self.engine = GraphEngine(
             client, grid, sizes=run.sizes, settings=run.settings, prefix=prefix, chains=run.chains
@@ -108,14 +104,14 @@ class _Attempt:
         try:
             return self._steps()
         except WorkerLost as exc:
-            raise WorkerLost(exc.args[0], self.anchor) from exc
+            raise WorkerLost(exc.args[0], self.restart_from) from exc
         finally:
             self.states.clear()
             self.pending.clear()
 
     def _scatter(self) -> None:
-        """The data and the anchor's state onto the grid; a grid worker gone meanwhile means a replay."""
-        run, engine, anchor = self.run, self.engine, self.anchor
+        """The data and the starting state onto the grid; a grid worker gone meanwhile means a replay."""
+        run, engine, start = self.run, self.engine, self.start
         try:
             self.bands = engine.scatter_data(run.X, run.y)
             self.val_bands = (
@@ -123,14 +119,14 @@ class _Attempt:
                 if run.validation is not None
                 else None
             )
-            if anchor.born:
-                self.states[0] = engine.born_state(anchor.seed)
-            elif anchor.state is not None:
-                self.states[anchor.step] = anchor.state
-            elif anchor.path is not None:
-                self.states[anchor.step] = engine.stored_state(anchor.path, anchor.step)
+            if start.from_seed:
+                self.states[0] = engine.born_state(start.seed)
+            elif start.state is not None:
+                self.states[start.step] = start.state
+            elif start.path is not None:
+                self.states[start.step] = engine.stored_state(start.path, start.step)
             else:
-                self.states[anchor.step] = engine.scatter_state(anchor.model, anchor.velocity, anchor.step)
+                self.states[start.step] = engine.scatter_state(start.model, start.velocity, start.step)
         except OSError as exc:
             raise WorkerLost(f"scattering to the grid failed ({exc})", None) from exc
         except KeyError as exc:
@@ -142,7 +138,7 @@ class _Attempt:
     def _steps(self) -> GraphResult:
         """Submit ahead, read each step's loss, record, checkpoint; the final state stays on the grid."""
         run = self.run
-        next_step = done = self.anchor.step
+        next_step = done = self.start.step
         while done < run.stop:
             next_step = self._submit_ahead(next_step, done)
             step, loss_futures = self.pending.pop(0)
@@ -155,7 +151,7 @@ class _Attempt:
             for old in [k for k in self.states if k <= done and k < next_step]:
                 del self.states[old]  # saved or evaluated, and read by a submitted step
         final = self.states[run.stop]
-        self.watch.wait(list(final.futures.values()), self.anchor)  # done, nothing gathered
+        self.watch.wait(list(final.futures.values()), self.restart_from)  # done, nothing gathered
         return GraphResult(None, None, self.rows, state=final)
 
     def _submit_ahead(self, next_step: int, done: int) -> int:
@@ -204,10 +200,10 @@ class _Attempt:
         # step: a grid worker lost here means a replay, not an error
         state = self.states[done]
         path = run.on_checkpoint(done, self.engine.store_layout(), lambda tmp: state.save(tmp, gather=self._gather))
-        self.anchor = RunStart(done, path=path)
+        self.restart_from = RunStart(done, path=path)
 
     def _gather(self, futures):
-        return self.watch.gather(futures, self.anchor)
+        return self.watch.gather(futures, self.restart_from)
 
     def _diverged(self, step: int) -> GraphResult:
         """Non-finite loss at ``step``: find the last finite state, as SerialTrainer keeps it."""
@@ -215,7 +211,7 @@ class _Attempt:
         state = self._state(step)
         params_ok, velocity_ok = engine.check_finite(state)
         # the last finite state stays on the grid, as a finished run's does: nothing is gathered here
-        if params_ok or step - 1 < self.origin.step:
+        if params_ok or step - 1 < self.start.step:
             # serial stops at step + 1 on the loss, keeping the weights it started that step with
             what = "the loss or its gradients"
             return GraphResult(None, None, rows, diverged_step=step + 1, diverged_what=what, state=state)
@@ -232,7 +228,7 @@ class _Attempt:
         """
         if step in self.states:
             return self.states[step]
-        start = self.anchor if self.anchor.step <= step else self.origin
+        start = self.restart_from if self.restart_from.step <= step else self.start
         quiet = replace(
             self.run, stop=step, eval_steps=frozenset(), checkpoint_steps=frozenset(), on_checkpoint=None, progress=None
         )
@@ -251,23 +247,23 @@ class _Watchdog:
     def missing(self) -> list[str]:
         return workers_left(self.client, sorted(self.workers))
 
-    def raise_if_lost(self, anchor, cause: BaseException | None = None) -> None:
-        """Raise :class:`WorkerLost` (replay from ``anchor``) if a grid worker left the cluster."""
+    def raise_if_lost(self, restart_from, cause: BaseException | None = None) -> None:
+        """Raise :class:`WorkerLost` (replay from ``restart_from``) if a grid worker left the cluster."""
         lost = self.missing()
         if lost:
             why = f" ({type(cause).__name__})" if cause is not None else ""
-            raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster{why}", anchor) from cause
+            raise WorkerLost(f"worker(s) {', '.join(lost)} left the cluster{why}", restart_from) from cause
 
-    def gather(self, futures, anchor):
+    def gather(self, futures, restart_from):
         """The values of ``futures`` once :meth:`wait` saw them finish."""
-        self.wait(futures, anchor)
+        self.wait(futures, restart_from)
         try:
             return self.client.gather(futures)
         except Exception as exc:
-            self.raise_if_lost(anchor, exc)
+            self.raise_if_lost(restart_from, exc)
             raise
 
-    def wait(self, futures, anchor) -> None:
+    def wait(self, futures, restart_from) -> None:
         """Wait, bounded, for ``futures``; :class:`WorkerLost` if a grid worker left meanwhile."""
         deadline = time.monotonic() + self.timeout
 
@@ -281,9 +277,9 @@ class _Watchdog:
                 )
             return None
 
-        wait_watching(futures, look, watch=lambda: self.raise_if_lost(anchor))
+        wait_watching(futures, look, watch=lambda: self.raise_if_lost(restart_from))
         if any(f.status != "finished" for f in futures):
-            self.raise_if_lost(anchor)
+            self.raise_if_lost(restart_from)
             # a lost worker held scattered inputs: the tasks that need them are cancelled
             failed = next((f for f in futures if f.status == "cancelled"), None)
             failed = failed or next((f for f in futures if f.status == "error"), None)
@@ -300,7 +296,7 @@ def _attempt_number(prefix) -> int:
 
 def _add_timings(client, result: GraphResult, run_id: str, since: float, grid: ProcessGrid) -> None:
     """Per-step compute and transfer seconds from the scheduler's task stream (per worker of the grid),
-    and the parts of each worker's step time (``result.timings``, see :mod:`daskann.npt._timings`)."""
+    and the parts of each worker's step time (``result.timings``, see :mod:`daskann.npt._run`)."""
     try:
         records = client.get_task_stream(start=since)
     except Exception:  # diagnostics only: a missing record leaves NaN in the history

@@ -3,7 +3,7 @@
 Each stretch is one :func:`~daskann.npt.resident.train_resident` call whose state stays on the
 cells; they write the checkpoint at its end themselves, and the next stretch continues from
 their memory. A lost grid worker restarts the stretch from its starting state (the checkpoint
-before it) on the workers there are (:class:`~daskann.npt._replay.Replays`).
+before it) on the workers there are (:class:`~daskann.npt._run.Replays`).
 """
 
 from __future__ import annotations
@@ -14,18 +14,16 @@ from functools import partial
 from daskann import config
 from daskann.cluster import worker_addresses
 from daskann.exceptions import WorkerLost
-from daskann.npt._replay import Replays
-from daskann.npt._start import RunStart
-from daskann.npt._stretch import Outcome, Stretch
+from daskann.npt._run import Replays, RunRecord, RunSpec, RunStart
 from daskann.npt.resident import ResidentError, ResidentLostWorkers, ResidentResult, train_resident
 
 
-def run_resident(client, run: Stretch, start: RunStart, outcome: Outcome) -> None:
-    """Resident mode from ``start`` on ``outcome.grid``: history rows, grid and the cells' state go into ``outcome``."""
+def run_resident(client, run: RunSpec, start: RunStart, record: RunRecord) -> None:
+    """Resident mode from ``start`` on ``record.grid``: history rows, grid and the cells' state go into ``record``."""
     t0 = time.perf_counter() - run.time_offset
     budget = config.count("npt.resident-restarts") if run.max_recoveries is None else run.max_recoveries
     replays = Replays(
-        client, outcome.grid, what="resident training", budget=budget, timeout=run.timeout, error=ResidentLostWorkers
+        client, record.grid, what="resident training", budget=budget, timeout=run.timeout, error=ResidentLostWorkers
     )
     for stop in sorted(run.checkpoint_steps | {run.stop}):
         if stop <= start.step:
@@ -34,21 +32,21 @@ def run_resident(client, run: Stretch, start: RunStart, outcome: Outcome) -> Non
         try:
             result, path, began = replays.run(start, partial(_stretch, client, run, stop=stop, save=save))
         finally:
-            outcome.grid, outcome.recoveries = replays.grid, replays.tries
-        _record(run, result, start.step, began - t0, time.perf_counter() - began, outcome)
-        outcome.state = result.state
+            record.grid, record.recoveries = replays.grid, replays.tries
+        _add_rows(run, result, start.step, began - t0, time.perf_counter() - began, record)
+        record.state = result.state
         if result.diverged_step is not None:
             # the cells rolled back to the last finite state
-            outcome.diverged = (result.diverged_step, "the loss, its gradients or the weights")
+            record.diverged = (result.diverged_step, "the loss, its gradients or the weights")
             return
         # the next stretch continues from the cells' memory, or after a lost worker, from the store
         start = RunStart(stop, path=path, state=result.state)
 
 
-def _stretch(client, run: Stretch, grid, start: RunStart, number: int, *, stop: int, save):
+def _stretch(client, run: RunSpec, grid, start: RunStart, number: int, *, stop: int, save):
     """Try ``number`` at steps ``start.step .. stop - 1`` on ``grid``; :class:`WorkerLost` if a grid worker left.
 
-    With ``save`` (:attr:`Stretch.on_checkpoint`), the cells then write the checkpoint of step ``stop``.
+    With ``save`` (:attr:`RunSpec.on_checkpoint`), the cells then write the checkpoint of step ``stop``.
     Returns the result, the checkpoint's path (or None) and when the try began.
     """
     began = time.perf_counter()
@@ -81,7 +79,9 @@ def _stretch(client, run: Stretch, grid, start: RunStart, number: int, *, stop: 
         raise WorkerLost(str(exc), None) from exc
 
 
-def _record(run: Stretch, result: ResidentResult, start: int, clock: float, elapsed: float, outcome: Outcome) -> None:
+def _add_rows(
+    run: RunSpec, result: ResidentResult, start: int, clock: float, elapsed: float, record: RunRecord
+) -> None:
     """History rows of a stretch that began ``clock`` seconds into the run and took ``elapsed``.
 
     The stretch's wall time is shared out over its steps in proportion to each step's compute and comm time.
@@ -99,7 +99,7 @@ def _record(run: Stretch, result: ResidentResult, start: int, clock: float, elap
         }
         # evaluated by the cells: neither the model nor the validation data came to the client
         values.update(result.evaluations.get(done, {}))
-        outcome.history.append(done, **values)
-        outcome.worker_times[done] = row["workers"]
+        record.history.append(done, **values)
+        record.worker_times[done] = row["workers"]
         if run.progress is not None:
             run.progress(done, row["loss"])

@@ -1,14 +1,89 @@
-"""The grid and mode of an NPT run, chosen and checked before any training task."""
+"""The options of an NPT run and what is checked before its first training task.
+
+The ``engine`` options (:class:`NPTEngineOptions`) and the checks of the trainer's ``grid``,
+``mode``, ``engine`` and ``client``; then, from the scheduler's view alone, the cluster's workers,
+the grid and mode chosen for it (the cost model for ``"auto"``) and whether the blocks fit a
+worker; last, on the grid's workers, every block of the checkpoint store a run resumes from.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import uuid
+from typing import get_args
 
-from daskann._validation import invalid
+import numpy as np
+from distributed import Client
+
+from daskann import store
+from daskann._options import OptionGroup, resolve_group
+from daskann._typing import NPTMode, NPTPipeline
+from daskann._validation import check_choice, check_float, invalid
 from daskann.cluster import check_worker_memory, worker_addresses, worker_threads
 from daskann.npt import costmodel
-from daskann.npt._engine_options import NPTEngineOptions
-from daskann.npt.grid import ProcessGrid
+from daskann.npt.grid import ProcessGrid, parse_grid
+
+MODES = get_args(NPTMode)
+PIPELINES = get_args(NPTPipeline)
+#: accumulation chains per block product of each graph-mode pipeline
+CHAINS = {"fused": 0, "single": 1, "double": 2}
+
+
+class NPTEngineOptions(OptionGroup):
+    """The ``engine`` options of :class:`NPTTrainer`: how the grid runs, beyond its shape and mode.
+
+    Given as ``engine=NPTEngineOptions(...)`` or a dict of the same keywords
+    (``engine={"deterministic": False}``); either way
+    ``trainer.set_params(engine__deterministic=False)`` sets one option.
+
+    Parameters
+    ----------
+    share_workers : bool
+        Allow a grid with more cells than workers (cells dealt out
+        round-robin); otherwise such a grid is an error.
+    deterministic : bool
+        Refuse clusters whose workers run more than one thread, whose results
+        could depend on timing.
+    pipeline : {"auto", "fused", "single", "double"}
+        Graph mode only: how each output block's Cannon steps become tasks.
+        ``"double"``: a task per block product in two accumulation chains
+        (the next operands travel while the current product runs);
+        ``"single"``: a task per block product in one chain; ``"fused"``: one
+        task per output block running its products in Cannon order.
+        ``"auto"`` picks by the size of a block product.
+    timeout : float
+        Seconds without progress after which training fails (never hangs).
+    """
+
+    group = "engine"
+
+    def __init__(self, *, share_workers=False, deterministic=True, pipeline: NPTPipeline = "auto", timeout=120.0):
+        self._store(locals())
+
+
+def check_npt_options(grid, mode, engine, client) -> dict:
+    """The trainer's ``grid``, ``mode``, ``engine`` and ``client`` checked: the options of an NPT run.
+
+    Returns ``{"grid", "mode", "share_workers", "deterministic", "timeout", "pipeline"}``; raises
+    before any task for a value that is not valid.
+    """
+    grid = parse_grid(grid)
+    mode = check_choice("mode", mode, MODES)
+    engine = resolve_group(engine, NPTEngineOptions)
+    pipeline = check_choice(NPTEngineOptions.name_of("pipeline"), engine["pipeline"], PIPELINES)
+    for name in ("share_workers", "deterministic"):
+        if not isinstance(engine[name], (bool, np.bool_)):
+            raise invalid(NPTEngineOptions.name_of(name), engine[name], "True or False", TypeError)
+    timeout = check_float(NPTEngineOptions.name_of("timeout"), engine["timeout"], minimum=0.0, min_inclusive=False)
+    if client is not None and not isinstance(client, Client):
+        raise invalid("client", type(client).__name__, "a distributed.Client or None", TypeError)
+    return {
+        "grid": grid,
+        "mode": mode,
+        "share_workers": bool(engine["share_workers"]),
+        "deterministic": bool(engine["deterministic"]),
+        "timeout": timeout,
+        "pipeline": pipeline,
+    }
 
 
 def check_cluster(client, npt: dict) -> list[str]:
@@ -77,3 +152,37 @@ def check_block_memory(client, grid: ProcessGrid, sizes, settings: dict) -> None
         name="grid",
         what=f"{grid.rows}x{grid.cols} blocks (weights, velocity and Cannon operands in flight)",
     )
+
+
+def verify_store(client, grid, path) -> None:
+    """Check every block of the cell-written store ``path`` on the grid's workers, before any training task.
+
+    One task per worker reads its share of the blocks, one at a time; a damaged block raises
+    :class:`~daskann.exceptions.DamagedStoreError` naming the store, the array and the block.
+    """
+    workers = list(dict.fromkeys(grid.workers))
+    blocks = store.stored_blocks(path)
+    prefix = f"daskann-npt-{uuid.uuid4().hex[:12]}-verify"
+    # spread over the grid's workers; any other may take over a share whose worker left
+    futures = [
+        client.submit(
+            _verify_blocks,
+            str(path),
+            blocks[k :: len(workers)],
+            key=f"{prefix}-{k}",
+            workers=[w],
+            allow_other_workers=True,
+            pure=False,
+        )
+        for k, w in enumerate(workers)
+    ]
+    try:
+        client.gather(futures)
+    finally:
+        client.cancel(futures)
+
+
+def _verify_blocks(path: str, blocks) -> None:
+    """Task body of :func:`verify_store`: check ``blocks`` (``(array, "i.j")``) of one store."""
+    for name, index in blocks:
+        store.verify_block(path, name, index)

@@ -40,8 +40,7 @@ from distributed import default_client
 
 from daskann._validation import check_int, invalid
 from daskann.npt import _kernels
-from daskann.npt._graph import GraphBuilder
-from daskann.npt.matrix import Block, GridMatrix
+from daskann.npt.matrix import Block, GraphBuilder, GridMatrix
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ def mode_option(help: str):
 
 def _check_grid(ctx, param, value):
     """``--grid`` checked as the command line is read: a bad value fails before the data loads and a cluster starts."""
-    from daskann.npt._grid_spec import parse_grid
+    from daskann.npt.grid import parse_grid
 
     with option_errors():
         parse_grid(value)

@@ -43,6 +43,13 @@ from daskann.npt.grid import split_sizes
 
 #: a block product must last this many dependent-task hops for graph mode to pay
 GRAPH_MIN_PRODUCT_HOPS = 10.0
+#: the paper's three nets, which ``daskann plan --net`` plans and ``daskann bench npt`` sweeps
+#: (widths are not in the available text: these are ours)
+PAPER_NETS = {
+    "one-hidden": {"n_features": 64, "hidden": (128,), "n_outputs": 8},
+    "two-hidden": {"n_features": 64, "hidden": (128, 128), "n_outputs": 8},
+    "two-hidden-256": {"n_features": 64, "hidden": (256, 256), "n_outputs": 8},
+}
 
 _CACHE: dict = {}
 

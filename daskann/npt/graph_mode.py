@@ -34,11 +34,9 @@ import numpy as np
 from daskann._dask_input import is_dask_array, materialize
 from daskann.nn import MLP, init_bias_block, init_weight_block
 from daskann.npt import _kernels
-from daskann.npt._checkpoints import block_digests
-from daskann.npt._graph import GraphBuilder
 from daskann.npt.cannon import TrafficLedger, add_product
 from daskann.npt.grid import ProcessGrid, split_bounds
-from daskann.npt.matrix import Block, GridMatrix, blocks_to_dask, scatter_to
+from daskann.npt.matrix import Block, GraphBuilder, GridMatrix, block_digests, blocks_to_dask, scatter_to
 from daskann.store import BlockArray, read_region, write_block
 
 # largest weight block (bytes) stored with its velocity under one key in fused mode

@@ -4,6 +4,9 @@ A grid of ``rows x cols`` cells is laid over a matrix by cutting its rows into
 ``rows`` nearly equal bands and its columns into ``cols`` (sizes differ by at
 most one, so no padding is needed and every size works). Cell ``(i, j)`` lives
 on one worker; several cells may share a worker only when asked.
+
+Only :meth:`ProcessGrid.from_client` loads distributed, so that ``daskann train npt --grid`` is
+checked by :func:`parse_grid` before anything heavy loads.
 """
 
 from __future__ import annotations
@@ -12,9 +15,47 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from daskann._validation import invalid
-from daskann.cluster import worker_addresses
-from daskann.npt._grid_spec import parse_grid
+from daskann._validation import OptionName, check_int, invalid
+
+
+def parse_grid(grid) -> tuple[int, int] | str:
+    """``(r, c)`` from a tuple, ``"RxC"``, ``"Q"`` (square) or ``"auto"``.
+
+    Parameters
+    ----------
+    grid : str, int or pair of int
+        ``"auto"``, ``"RxC"`` such as ``"2x4"``, ``"Q"`` or ``Q`` for
+        ``QxQ``, or ``(rows, cols)``.
+
+    Returns
+    -------
+    tuple of int, or str
+        ``(rows, cols)``, or ``"auto"``.
+
+    Examples
+    --------
+    >>> parse_grid("2x4"), parse_grid(3), parse_grid(" Auto ")
+    ((2, 4), (3, 3), 'auto')
+    """
+    if isinstance(grid, str):
+        text = grid.strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            parts = [int(p) for p in text.split("x")]
+        except ValueError:
+            parts = []
+        if len(parts) == 1:
+            parts = parts * 2
+        if len(parts) != 2:
+            raise invalid("grid", grid, "'auto', 'RxC' such as '2x2' or '2x4', or a pair (rows, cols)")
+        grid = tuple(parts)
+    if isinstance(grid, int) and not isinstance(grid, bool):
+        grid = (grid, grid)
+    if not isinstance(grid, (tuple, list)) or len(grid) != 2:
+        raise invalid("grid", grid, "'auto', 'RxC' such as '2x2' or '2x4', or a pair (rows, cols)")
+    name = OptionName(("grid",))
+    return check_int(name.at(0), grid[0]), check_int(name.at(1), grid[1])
 
 
 def split_sizes(n: int, parts: int) -> tuple[int, ...]:
@@ -78,6 +119,8 @@ class ProcessGrid:
     @classmethod
     def from_client(cls, client, grid, *, share_workers: bool = False) -> ProcessGrid:
         """Lay ``grid`` over the client's workers (sorted by worker name)."""
+        from daskann.cluster import worker_addresses
+
         return cls.from_workers(grid, worker_addresses(client), share_workers=share_workers)
 
     @property

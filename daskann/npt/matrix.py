@@ -4,22 +4,35 @@ A :class:`GridMatrix` is a ``rows x cols`` grid of blocks: block ``(i, j)``
 covers rows ``row_bounds[i]`` and columns ``col_bounds[j]`` and is held by a
 future on the worker of grid cell ``(i, j)``. It converts to and from a
 chunked :class:`dask.array.Array` whose chunks are exactly these blocks.
+
+Tasks on blocks go to the scheduler through a :class:`GraphBuilder`, each
+restricted to one worker (``allow_other_workers=False``): soft restrictions
+would let work stealing move block products off their cells. A whole
+training step goes to the scheduler as one graph, which costs far less than
+one ``client.submit`` per block product.
+
+Tasks run in the order they were added, among those ready on a worker: each
+gets a priority that falls with every task any builder adds. Dask's own
+order would let a worker start the next product's first step before the
+task that finishes the block another worker waits for (measured on the
+4096-wide net on 1x2: a fifth of a second idle per step on one worker).
 """
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from dataclasses import dataclass, field
 
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from distributed import futures_of
 
+from daskann import _wire
 from daskann._compat import Task, TaskRef, parse_input
 from daskann._validation import invalid
-from daskann.npt._graph import GraphBuilder
 from daskann.npt._kernels import operand, view
 from daskann.npt.grid import ProcessGrid, split_bounds
 
@@ -209,6 +222,15 @@ class GridMatrix:
         self.futures = {}
 
 
+def block_digests(parts) -> dict:
+    """``{array: {"i.j": sha256}}`` from the ``[(array, "i.j", sha256), ...]`` the cells' save tasks return."""
+    digests: dict = {}
+    for part in parts:
+        for array, index, digest in part:
+            digests.setdefault(array, {})[index] = digest
+    return digests
+
+
 def blocks_to_dask(name: str, sources: list, reads: dict, chunks, dtype):
     """A dask array named ``name`` over blocks read where they live (no data moves).
 
@@ -228,6 +250,71 @@ def scatter_to(client, data: dict, where: dict) -> dict:
     for worker, keys in where.items():
         futures.update(client.scatter({k: data[k] for k in keys}, workers=[worker], hash=False))
     return futures
+
+
+#: one count for every task added in this process: earlier tasks take precedence
+_added = itertools.count()
+
+
+class GraphBuilder:
+    """Collects tasks ``key -> func(*args)`` each pinned to one worker.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    name : str
+        Name of the graph layer (a per-run, per-step prefix).
+    """
+
+    def __init__(self, client, name: str):
+        self.client = client
+        self.name = name
+        self.tasks: dict = {}
+        self.owners: dict = {}
+        self.priorities: dict = {}
+
+    @staticmethod
+    def ref(key) -> TaskRef:
+        """A reference to the value of ``key`` (in this graph or on the cluster)."""
+        return TaskRef(key)
+
+    def add(self, key: str, func, *args, owner: str, **kwargs) -> str:
+        """Add ``key = func(*args, **kwargs)`` to run on worker ``owner``."""
+        if key in self.tasks:
+            raise KeyError(f"task key {key!r} added twice")
+        # results are stored as wire arrays, so that they reach other workers aligned
+        self.tasks[key] = Task(
+            key, _wire.call, func, *(parse_input(a) for a in args), **{k: parse_input(v) for k, v in kwargs.items()}
+        )
+        self.owners[key] = owner
+        self.priorities[key] = -next(_added)
+        return key
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def submit(self, keys, *, keep=None) -> dict:
+        """Send the graph; futures of ``keys`` (a list) by key.
+
+        ``keep`` (futures the graph reads) is held until the graph is sent.
+        """
+        if not self.tasks:
+            return {}
+        owners, priorities = self.owners, self.priorities
+        layer = MaterializedLayer(
+            dict(self.tasks),
+            annotations={
+                "workers": lambda k: [owners[k]],
+                "allow_other_workers": False,
+                "priority": lambda k: priorities[k],
+            },
+        )
+        graph = HighLevelGraph({self.name: layer}, {self.name: set()})
+        keys = list(keys)
+        futures = self.client.get(graph, keys, sync=False)
+        del keep
+        self.tasks, self.owners, self.priorities = {}, {}, {}
+        return dict(zip(keys, futures, strict=True))
 
 
 def _identity(x):

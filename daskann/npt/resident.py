@@ -36,7 +36,6 @@ from daskann._validation import check_float, check_int, invalid
 from daskann.cluster import wait_watching, workers_left
 from daskann.exceptions import LostWorkersError, ResidentError
 from daskann.nn import MLP
-from daskann.npt._checkpoints import block_digests
 from daskann.npt._exchange import (
     ExchangeAborted,
     ExchangeTimeout,
@@ -47,10 +46,9 @@ from daskann.npt._exchange import (
 from daskann.npt._kernels import validation_scores
 from daskann.npt._resident_layout import Layout
 from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
-from daskann.npt._start import RunStart
-from daskann.npt._timings import resident_worker_times
+from daskann.npt._run import RunStart, resident_worker_times
 from daskann.npt.grid import split_bounds
-from daskann.npt.matrix import blocks_to_dask
+from daskann.npt.matrix import block_digests, blocks_to_dask
 
 __all__ = [
     "ResidentError",
@@ -152,7 +150,7 @@ class ResidentResult:
         slowest worker's step: messaging and waiting), ``bytes_moved``
         (bytes sent between workers, all workers together), ``messages``
         (messages between workers, all workers together) and ``workers``
-        (``{worker: times}``, see :mod:`daskann.npt._timings`).
+        (``{worker: times}``, see :mod:`daskann.npt._run`).
     diverged_step : int or None
         1-based step at which loss, gradients or weights became non-finite;
         ``model`` and ``velocity`` then hold the state before that step.
@@ -260,7 +258,7 @@ def train_resident(
     a checkpoint store of any grid or mode is read (and verified) block by block by the workers, and a
     client-side model and velocity are sent (not modified). ``X``, ``y``, ``order``, ``settings``,
     ``stop``, ``run_id``, ``validation`` and ``sizes`` (needed without ``start.model``) are as the
-    fields of :class:`~daskann.npt._stretch.Stretch`; each worker gets the bands of its cells alone,
+    fields of :class:`~daskann.npt._run.RunSpec`; each worker gets the bands of its cells alone,
     and cells on one worker run in that worker's task. ``eval_fn(completed_steps) -> bool`` picks the
     steps whose model the cells evaluate on ``validation`` (no weight leaves them) or, without it,
     return as :attr:`ResidentResult.snapshots`. ``keep`` leaves the final state on the workers
@@ -442,7 +440,7 @@ def _cutter(client, worker: str, prefix: str, k: int):
 
 def _from_start(payloads, start: RunStart):
     """``payloads`` for the source of ``start``: the seed, a store the workers read, or the blocks they hold."""
-    if start.born:
+    if start.from_seed:
         return _born(payloads, start.seed)
     if start.state is None and start.path is not None:
         return ((w, payload | {"source": start.path}) for w, payload in payloads)

@@ -12,13 +12,18 @@ from daskann._history import HistoryRecorder
 from daskann._typing import Activation, Loss, NPTMode
 from daskann.cluster import check_worker_memory, current_client, worker_addresses
 from daskann.nn import MLP, SGD
-from daskann.npt._checkpoints import block_checkpoint_writer, verify_store
-from daskann.npt._engine_options import CHAINS, NPTEngineOptions, check_npt_options
 from daskann.npt._graph_run import run_graph
 from daskann.npt._grid_results import GridResults
-from daskann.npt._setup import check_block_memory, check_cluster, grid_and_mode
-from daskann.npt._start import RunStart
-from daskann.npt._stretch import Outcome, Stretch
+from daskann.npt._run import RunRecord, RunSpec, RunStart
+from daskann.npt._setup import (
+    CHAINS,
+    NPTEngineOptions,
+    check_block_memory,
+    check_cluster,
+    check_npt_options,
+    grid_and_mode,
+    verify_store,
+)
 from daskann.npt.costmodel import pipeline_chains
 from daskann.npt.grid import ProcessGrid
 
@@ -274,16 +279,16 @@ class NPTTrainer(GridResults, BaseTrainer):
 
         bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=begin.step)
         offset = history.last_value("time", default=0.0)
-        run = self._stretch(begin.step, stop, offset, lambda done, loss: bar.update(done, loss=loss))
-        outcome = Outcome(self.grid_, history)
+        run = self._run_spec(begin.step, stop, offset, lambda done, loss: bar.update(done, loss=loss))
+        record = RunRecord(self.grid_, history)
         self._grid_state = self._final_store = None
         try:
-            engine(client, run, begin, outcome)
+            engine(client, run, begin, record)
         finally:
             bar.close()
-            self._adopt(outcome)
+            self._adopt(record)
             # a final state on the grid stays there: model_ is read from the last store, or gathered, when touched
-            held = outcome.state is None
+            held = record.state is None
             self._keep_results(
                 begin.model if held else None,
                 begin.velocity if held else None,
@@ -291,17 +296,17 @@ class NPTTrainer(GridResults, BaseTrainer):
                 history.to_dataset(self._run_attrs(run)),
             )
         self._keep_if_closing()
-        if outcome.diverged is not None:
-            raise TrainingDiverged(*outcome.diverged)
+        if record.diverged is not None:
+            raise TrainingDiverged(*record.diverged)
 
-    def _stretch(self, start: int, stop: int, offset: float, progress) -> Stretch:
+    def _run_spec(self, start: int, stop: int, offset: float, progress) -> RunSpec:
         """What the engine runs: steps ``start .. stop - 1`` of this fit, its evaluations and checkpoints."""
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
         steps = range(start + 1, stop + 1)
         evaluated, checkpointed = data.validation is not None, self._checkpoint_dir is not None
-        return Stretch(
+        return RunSpec(
             X=data.X,
             y=data.y,
             validation=data.validation,
@@ -321,15 +326,15 @@ class NPTTrainer(GridResults, BaseTrainer):
             chains=self._chains(self._sizes) if self.mode_ == "graph" else 0,
         )
 
-    def _adopt(self, outcome: Outcome) -> None:
+    def _adopt(self, record: RunRecord) -> None:
         """The grid, the replays, the workers' step times and the state on the cells of a run, as far as it came."""
-        self.grid_ = outcome.grid
-        self.recoveries_ += outcome.recoveries
-        self.worker_times_ = outcome.worker_times
-        if outcome.state is not None:
-            self._grid_state = outcome.state
+        self.grid_ = record.grid
+        self.recoveries_ += record.recoveries
+        self.worker_times_ = record.worker_times
+        if record.state is not None:
+            self._grid_state = record.state
 
-    def _run_attrs(self, run: Stretch) -> dict:
+    def _run_attrs(self, run: RunSpec) -> dict:
         """The history's attributes: the settings, and the grid, mode and replays of the run."""
         attrs = self._history_attrs(self._settings)
         attrs.update(
@@ -347,14 +352,31 @@ class NPTTrainer(GridResults, BaseTrainer):
     def _block_checkpoint_fn(self, stop: int):
         """``save(step, layout, write) -> path``: a store whose blocks the cells write, committed here.
 
+        ``write(tmp)`` writes every block from its cell; the store of step ``stop`` becomes the final one
+        (:meth:`_set_final`).
+
         One format for both modes (graph mode cuts it on the grid, resident mode on its virtual Cannon
         grid): either resumes the other's checkpoints, on any grid.
         """
+        settings, directory, order = self._settings, self._checkpoint_dir, self.batch_order_
+        net = {
+            "sizes": list(self._sizes),
+            "activation": settings["activation"],
+            "output": settings["output"],
+            "dtype": np.dtype(settings["dtype"]).name,
+            "negative_slope": settings["negative_slope"],
+        }
+        training = self._training_config(settings)
         extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
-        training = self._training_config(self._settings)
-        return block_checkpoint_writer(
-            self._checkpoint_dir, self._sizes, self._settings, self.batch_order_, training, extra, stop, self._set_final
-        )
+
+        def save(step, layout, write):
+            attrs = store.checkpoint_attrs(net, step, order.get_state(), training, extra)
+            path = store.write_block_group(store.checkpoint_path(directory, step), layout, write, attrs)
+            if step == stop:
+                self._set_final(path)
+            return path
+
+        return save
 
     def _set_final(self, path) -> None:
         self._final_store = path

@@ -141,7 +141,7 @@ def _problem(opts: dict, settings: dict):
     import numpy as np
 
     from daskann.data import make_linear
-    from daskann.npt._paper_nets import PAPER_NETS
+    from daskann.npt.costmodel import PAPER_NETS
     from daskann.plan._model import Network
 
     hidden, n_features, n_outputs, name = tuple(opts["hidden"]), opts["n_features"], opts["n_outputs"], None
