@@ -8,8 +8,7 @@ import numpy as np
 from distributed import Client
 
 from daskann._options import OptionGroup, resolve_group
-from daskann._typing import NPTMode, NPTPipeline
-from daskann._validation import check_choice, check_float, invalid
+from daskann._validation import NPTMode, NPTPipeline, check_choice, check_float, invalid
 from daskann.npt.grid import parse_grid
 
 MODES = get_args(NPTMode)
