@@ -8,15 +8,16 @@ steps (:class:`MGRITTrainer`) and partitioned pre-training
 The names below load their modules when first used (PEP 562), so that
 ``import daskann`` and the ``daskann`` command line start in a fraction of a
 second; ``from daskann import SerialTrainer`` works as for any package.
+The methods' packages and :mod:`daskann.plan` load their names the same
+way (``_attach`` below).
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
-
-from daskann._lazy import attach
 
 # the names __getattr__ loads on first use (submodules included), for type checkers and readers
 if TYPE_CHECKING:
@@ -52,7 +53,52 @@ __all__ = [
     "save_checkpoint",
 ]
 
-_getattr, __dir__ = attach(
+
+def _attach(
+    package: str, attributes: Mapping[str, str], submodules: Iterable[str] = ()
+) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
+    """The module ``__getattr__`` and ``__dir__`` of a package whose names load on first use.
+
+    Parameters
+    ----------
+    package : str
+        The package's ``__name__``.
+    attributes : mapping of str to str
+        Each name the package offers and the module that defines it.
+    submodules : iterable of str
+        Submodules offered as attributes (``daskann.config``), imported when
+        first looked up as such.
+
+    Returns
+    -------
+    __getattr__ : callable
+        Imports the module of a name on its first look-up and keeps the value
+        in the package, so later look-ups do not come back here; any other
+        name raises ``AttributeError``.
+    __dir__ : callable
+        The names the package offers (``attributes`` and ``submodules``),
+        loaded or not.
+    """
+    attributes = dict(attributes)
+    submodules = frozenset(submodules)
+
+    def __getattr__(name: str):
+        if name in submodules:
+            value = importlib.import_module(f"{package}.{name}")
+        elif name in attributes:
+            value = getattr(importlib.import_module(attributes[name]), name)
+        else:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(attributes) | submodules)
+
+    return __getattr__, __dir__
+
+
+_getattr, __dir__ = _attach(
     __name__,
     {
         "BatchOrder": "daskann.data",

@@ -38,8 +38,9 @@ from daskann._options import (
     resolve_group,
 )
 from daskann._progress import ProgressBar
-from daskann._typing import Activation, Loss
 from daskann._validation import (
+    Activation,
+    Loss,
     OptionName,
     check_choice,
     check_features,

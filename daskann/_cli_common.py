@@ -16,14 +16,15 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import get_args
 
 import click
+import numpy as np
 
-from daskann._typing import DatasetName
-from daskann._validation import named_error
+from daskann._validation import DatasetName, named_error
 from daskann.exceptions import StoreError
 
 
@@ -433,6 +434,30 @@ def _validation_summary(model, dataset, loss: str) -> dict:
     return measure(model, dataset.X_val, dataset.y_val)
 
 
+def clean_json(value, *, finite: bool = True):
+    """A JSON-safe copy: numpy scalars to Python, tuples to lists, paths and other objects to str.
+
+    With ``finite``, NaN and infinities become None (JSON's null); without, they stay floats
+    (``json.dumps`` writes ``NaN`` and ``Infinity``).
+    """
+    if isinstance(value, dict):
+        return {str(k): clean_json(v, finite=finite) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v, finite=finite) for v in value]
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        value = value.item()
+    if finite and isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def json_default(obj):
+    """``json.dumps``'s ``default``: what JSON cannot hold, as :func:`clean_json` writes it (NaN kept)."""
+    return clean_json(obj, finite=False)
+
+
 def print_summary(summary: dict, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(summary, indent=2))
@@ -460,7 +485,6 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
     """
     from daskann import store
     from daskann._base import constructor_arguments
-    from daskann._json import clean_json
 
     dataset = load_data(opts)
     settings = trainer_settings(opts, dataset)
@@ -510,6 +534,7 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
 __all__ = [
     "bench_options",
     "bench_output_option",
+    "clean_json",
     "cli_errors",
     "cluster_options",
     "connect",
@@ -517,6 +542,7 @@ __all__ = [
     "data_path_option",
     "echo_dashboard",
     "flag_message",
+    "json_default",
     "load_data",
     "network_options",
     "option_errors",

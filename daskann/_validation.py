@@ -1,16 +1,49 @@
-"""Checks of user input. Every error names the parameter, the value and what would be valid."""
+"""Checks of user input, and the option strings of the public signatures as ``Literal`` types.
+
+Every error names the parameter, the value and what would be valid. The runtime
+checks accept exactly the strings of the ``Literal`` types: their tuples (named
+beside each alias) are built with ``typing.get_args``, so a type checker and the
+error message agree.
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import get_args
+from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 
-from daskann._typing import FloatDType
+#: hidden-layer activation (``daskann.nn.ACTIVATIONS``)
+Activation = Literal["relu", "leaky_relu", "sigmoid", "tanh"]
+#: output activation (``daskann.nn.OUTPUTS``)
+Output = Literal["linear", "softmax", "sigmoid", "tanh"]
+#: loss (``daskann.nn.LOSSES``)
+Loss = Literal["mse", "cross_entropy", "sse"]
+#: floating-point type of weights and data
+FloatDType = Literal["float32", "float64"]
+#: data set of ``load_dataset`` and ``daskann train --dataset`` (``daskann.data.DATASETS``)
+DatasetName = Literal["linear", "digits", "mnist1d", "mnist", "cifar10"]
+#: NPT execution mode (``daskann.npt._setup.MODES``)
+NPTMode = Literal["auto", "graph", "resident"]
+#: NPT graph-mode pipelining (``daskann.npt._setup.PIPELINES``)
+NPTPipeline = Literal["auto", "fused", "single", "double"]
+#: where MGRIT's tasks run (``daskann.mgrit.trainer.SCHEDULERS``)
+MGRITScheduler = Literal["distributed", "threads", "sync", "inprocess"]
+#: MGRIT cycle
+CycleType = Literal["V", "F"]
+#: built-in MGRIT coarse propagators
+CoarsePropagator = Literal["scaled", "repeat"]
+#: how sub-models train (``daskann.partition.trainer.MODES``)
+PartitionMode = Literal["parallel", "sequential"]
+#: trainer of sub-models and of the fine-tune (``daskann.partition.trainer.SUB_TRAINERS``)
+SubTrainer = Literal["serial", "npt"]
+#: how overlapping sub-model weights combine (``daskann.partition.merge.COMBINES``)
+Combine = Literal["mean", "sum"]
 
 FLOAT_DTYPES = get_args(FloatDType)
 
@@ -98,6 +131,16 @@ def check_float_dtype(dtype, name: str | OptionName = "dtype") -> np.dtype:
     if resolved.name not in FLOAT_DTYPES:
         raise invalid(name, dtype, "'float32' or 'float64'", TypeError)
     return resolved
+
+
+def check_folder(folder, name: str = "folder") -> Path:
+    """``folder`` as an existing directory, or the standard error naming ``name``."""
+    if isinstance(folder, bytes) or not isinstance(folder, (str, os.PathLike)):
+        raise invalid(name, folder, "a path (str or os.PathLike) to a local folder", TypeError)
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise invalid(name, folder, "an existing local folder", FileNotFoundError)
+    return path
 
 
 def check_int(name: str | OptionName, value, *, minimum: int | None = 1, maximum: int | None = None) -> int:

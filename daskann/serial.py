@@ -13,8 +13,7 @@ from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._heap import heap_for_blocks
 from daskann._history import HistoryRecorder
 from daskann._options import SGDOptions
-from daskann._typing import Activation, Loss
-from daskann._validation import check_int, invalid
+from daskann._validation import Activation, Loss, check_int, invalid
 from daskann.data._batches import check_batch_order
 from daskann.nn import ACTIVATIONS, LOSSES, MLP, OUTPUTS, SGD
 

@@ -29,7 +29,7 @@ CLI_MODULES = {
     *(module for method in METHODS for module in method.command_modules),
     "daskann.plan.cli",
 }
-#: packages whose names load on first use (daskann._lazy.attach)
+#: packages whose names load on first use (daskann._attach)
 LAZY_PACKAGES = ("daskann", *(method.package for method in METHODS if method.package), "daskann.plan")
 #: what importing a lazy package, or the command line's help or argument errors, must not load
 HEAVY = ("dask", "distributed", "pandas", "scipy", "sklearn", "xarray", "zarr")

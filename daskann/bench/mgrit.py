@@ -32,8 +32,7 @@ import numpy as np
 
 from daskann import _plotting
 from daskann._validation import check_choice, check_float, check_int, invalid
-from daskann.bench._machine import mgrit_machine
-from daskann.bench._report import json_default, save_figure, write_json
+from daskann.bench._report import json_default, mgrit_machine, save_figure, write_json
 from daskann.cluster import worker_addresses
 from daskann.data import BatchOrder, make_linear
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged

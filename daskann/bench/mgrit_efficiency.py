@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from daskann._validation import check_float, check_int, invalid
-from daskann.bench._machine import mgrit_machine
+from daskann.bench._report import mgrit_machine
 from daskann.bench.mgrit import auto_levels, wall_clock
 from daskann.mgrit.presets import resolve_preset
 

@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from daskann._gemm import gemm_rate as _gemm_rate
+from daskann._blas import gemm_rate as _gemm_rate
 from daskann._validation import check_int, invalid
 from daskann.bench import npt_breakdown
-from daskann.bench._machine import npt_machine
+from daskann.bench._report import npt_machine
 from daskann.bench.npt_checks import checks
 from daskann.bench.npt_peer import DaskArrayPeer
 from daskann.cluster import worker_addresses, worker_threads

@@ -42,8 +42,7 @@ from threadpoolctl import threadpool_limits
 
 from daskann import _plotting
 from daskann._validation import check_choice, check_float, check_hidden_sizes, check_int, invalid
-from daskann.bench._machine import partition_machine
-from daskann.bench._report import save_figure, write_json
+from daskann.bench._report import partition_machine, save_figure, write_json
 from daskann.bench.partition_models import (
     STAND_IN,
     add_equal_time_gaps,

@@ -14,8 +14,7 @@ from typing import Literal
 
 import numpy as np
 
-from daskann._validation import check_choice, check_float_dtype, invalid
-from daskann.data._paths import check_folder
+from daskann._validation import check_choice, check_float_dtype, check_folder, invalid
 from daskann.exceptions import DaskannError
 
 KINDS = ("train", "test")

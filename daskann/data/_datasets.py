@@ -7,12 +7,18 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from daskann._typing import DatasetName
-from daskann._validation import check_choice, check_float, check_float_dtype, check_int, invalid
+from daskann._validation import (
+    DatasetName,
+    check_choice,
+    check_float,
+    check_float_dtype,
+    check_folder,
+    check_int,
+    invalid,
+)
 from daskann.data._cifar import load_cifar10
 from daskann.data._idx import load_mnist_idx
 from daskann.data._mnist1d import make_mnist1d
-from daskann.data._paths import check_folder
 from daskann.data._split import as_dask, check_val_fraction, train_val_split
 
 DATASETS = get_args(DatasetName)

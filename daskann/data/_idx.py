@@ -9,13 +9,13 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from daskann._validation import check_choice, check_float_dtype, invalid
-from daskann.data._paths import check_folder, find_file
+from daskann._validation import check_choice, check_float_dtype, check_folder, invalid
 
 KINDS = ("train", "test")
 _PREFIX = {"train": "train", "test": "t10k"}
@@ -91,6 +91,15 @@ def _file_names(kind: str, what: str, ndim: int) -> list[str]:
     prefix = _PREFIX[kind]
     stems = [f"{prefix}-{what}-idx{ndim}-ubyte", f"{prefix}-{what}.idx{ndim}-ubyte"]
     return [stem + ext for stem in stems for ext in ("", ".gz")]
+
+
+def find_file(folder: Path, names: Sequence[str]) -> Path | None:
+    """The first of ``names`` present in ``folder``, else ``None``."""
+    for file_name in names:
+        candidate = folder / file_name
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def _locate(path: Path, folder, kind: str, what: str, ndim: int) -> Path:

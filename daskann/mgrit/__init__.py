@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daskann._lazy import attach
+from daskann import _attach
 
 # the names __getattr__ loads on first use (submodules included), for type checkers and readers
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ __all__ = [
     "workmodel",
 ]
 
-__getattr__, __dir__ = attach(
+__getattr__, __dir__ = _attach(
     __name__,
     {
         "Adaptation": "daskann.mgrit._adapt",

@@ -84,8 +84,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from daskann._typing import CycleType
-from daskann._validation import check_choice, check_int, invalid
+from daskann._validation import CycleType, check_choice, check_int, invalid
 
 
 def _solver(default):

@@ -47,8 +47,7 @@ import numpy as np
 
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, remote_call
-from daskann._typing import CoarsePropagator
-from daskann._validation import check_choice, check_float, check_int, invalid, option_name
+from daskann._validation import CoarsePropagator, check_choice, check_float, check_int, invalid, option_name
 from daskann.data import BatchOrder
 from daskann.mgrit.problem import Propagator
 from daskann.nn import LOSSES, MLP, SGD

@@ -49,8 +49,8 @@ from distributed import Client
 
 from daskann._batch import is_batch_cluster
 from daskann._dask_input import is_dask_array, remote_call
-from daskann._typing import CycleType
 from daskann._validation import (
+    CycleType,
     OptionName,
     check_choice,
     check_float,

@@ -25,8 +25,7 @@ from daskann._dask_input import is_dask_array, remote_call
 from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, group_names, resolve_group
 from daskann._progress import ProgressBar
-from daskann._typing import Activation, Loss, MGRITScheduler
-from daskann._validation import check_choice, invalid
+from daskann._validation import Activation, Loss, MGRITScheduler, check_choice, invalid
 from daskann.cluster import check_worker_memory, current_sync_client, shared_directory, worker_addresses
 from daskann.data import BatchOrder
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged

@@ -11,7 +11,7 @@ from typing import get_args
 
 import numpy as np
 
-from daskann._typing import Activation, Loss, Output
+from daskann._validation import Activation, Loss, Output
 
 ACTIVATIONS = get_args(Activation)
 OUTPUTS = get_args(Output)

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from daskann._typing import Activation, FloatDType, Output
-from daskann._validation import check_choice, check_float_dtype, check_sizes, invalid
+from daskann._validation import Activation, FloatDType, Output, check_choice, check_float_dtype, check_sizes, invalid
 from daskann.nn._functional import (
     ACTIVATIONS,
     LOSSES,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daskann._lazy import attach
+from daskann import _attach
 
 # the names __getattr__ loads on first use (submodules included), for type checkers and readers
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ __all__ = [
     "parse_grid",
 ]
 
-__getattr__, __dir__ = attach(
+__getattr__, __dir__ = _attach(
     __name__,
     {
         "CostModel": "daskann.npt.costmodel",

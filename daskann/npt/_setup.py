@@ -16,8 +16,7 @@ from distributed import Client
 
 from daskann import store
 from daskann._options import OptionGroup, resolve_group
-from daskann._typing import NPTMode, NPTPipeline
-from daskann._validation import check_choice, check_float, invalid
+from daskann._validation import NPTMode, NPTPipeline, check_choice, check_float, invalid
 from daskann.cluster import check_worker_memory, worker_addresses, worker_threads
 from daskann.npt import costmodel
 from daskann.npt.grid import ProcessGrid, parse_grid

@@ -13,6 +13,7 @@ import click
 
 from daskann._cli_common import (
     bench_output_option,
+    clean_json,
     cli_errors,
     cluster_options,
     connect,
@@ -23,7 +24,7 @@ from daskann._cli_common import (
     run_training,
     training_options,
 )
-from daskann._typing import NPTMode, NPTPipeline
+from daskann._validation import NPTMode, NPTPipeline
 
 
 def mode_option(help: str):
@@ -132,7 +133,6 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     """Predict the time per step of each NPT grid on this cluster (the cost model's table)."""
     import numpy as np
 
-    from daskann._json import clean_json
     from daskann._validation import check_hidden_sizes, check_int
     from daskann.cluster import close, worker_addresses
     from daskann.npt import costmodel
@@ -234,7 +234,6 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
 @cli_errors
 def bench_command(output, quick, as_json, **opts):
     """Time per step, speedup and efficiency of NPT against p, against serial and dask.array's @."""
-    from daskann._json import clean_json
     from daskann.bench import npt, npt_breakdown, npt_checks, npt_output
     from daskann.cluster import close
 

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from daskann._gemm import gemm_call_seconds, gemm_rate
+from daskann._blas import gemm_call_seconds, gemm_rate
 from daskann._validation import invalid
 from daskann.cluster import worker_addresses
 from daskann.npt.grid import split_sizes

@@ -9,7 +9,7 @@ import numpy as np
 from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
 from daskann._history import HistoryRecorder
-from daskann._typing import Activation, Loss, NPTMode
+from daskann._validation import Activation, Loss, NPTMode
 from daskann.cluster import check_worker_memory, current_client, worker_addresses
 from daskann.nn import MLP, SGD
 from daskann.npt._graph_run import run_graph

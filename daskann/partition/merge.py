@@ -7,8 +7,7 @@ from typing import get_args
 
 import numpy as np
 
-from daskann._typing import Combine
-from daskann._validation import check_choice, check_float, invalid
+from daskann._validation import Combine, check_choice, check_float, invalid
 from daskann.nn import MLP
 from daskann.partition.split import Partition
 

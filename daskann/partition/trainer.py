@@ -20,8 +20,17 @@ from daskann._base import CHECKPOINT_DIR, BaseTrainer, constructor_arguments
 from daskann._dask_input import is_dask_array, materialize, remote_call
 from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, resolve_group
-from daskann._typing import Activation, Combine, Loss, PartitionMode, SubTrainer
-from daskann._validation import check_choice, check_float, check_int, invalid
+from daskann._validation import (
+    Activation,
+    Combine,
+    Loss,
+    PartitionMode,
+    SubTrainer,
+    check_choice,
+    check_float,
+    check_int,
+    invalid,
+)
 from daskann.cluster import check_worker_memory, current_client
 from daskann.exceptions import SubModelError
 from daskann.nn import MLP

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from daskann._lazy import attach
+from daskann import _attach
 
 # the names __getattr__ loads on first use (submodules included), for type checkers and readers
 if TYPE_CHECKING:
     from daskann.plan._cluster import ClusterSpec, cluster_from_dict, load_cluster, write_cluster
-    from daskann.plan._constants import METHODS
     from daskann.plan._measure import measure_cluster
     from daskann.plan._model import (
         Network,
@@ -25,6 +24,7 @@ if TYPE_CHECKING:
         predict_partition,
         serial_step_seconds,
     )
+    from daskann.plan._report import METHODS
 
 __all__ = [
     "METHODS",
@@ -43,11 +43,11 @@ __all__ = [
     "write_cluster",
 ]
 
-__getattr__, __dir__ = attach(
+__getattr__, __dir__ = _attach(
     __name__,
     {
         "ClusterSpec": "daskann.plan._cluster",
-        "METHODS": "daskann.plan._constants",
+        "METHODS": "daskann.plan._report",
         "Network": "daskann.plan._model",
         "Prediction": "daskann.plan._model",
         "cluster_from_dict": "daskann.plan._cluster",

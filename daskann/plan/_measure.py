@@ -18,7 +18,7 @@ import dask
 import numpy as np
 import zarr
 
-from daskann._gemm import gemm_call_seconds
+from daskann._blas import gemm_call_seconds
 from daskann._validation import invalid
 from daskann.cluster import worker_addresses
 from daskann.mgrit import MGRITTrainer

@@ -37,7 +37,7 @@ from daskann.mgrit._plan import Planner, block_sizes
 from daskann.mgrit.presets import resolve_preset
 from daskann.npt.costmodel import CostModel, candidate_grids
 from daskann.plan._cluster import ClusterSpec
-from daskann.plan._constants import FINETUNE_FRACTION, METHODS
+from daskann.plan._report import FINETUNE_FRACTION, METHODS
 
 #: MGRIT iterations added per doubling of the steps beyond the pilot's
 ITERATION_GROWTH_PER_DOUBLING = 1.0

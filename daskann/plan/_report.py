@@ -1,4 +1,9 @@
-"""The plan as text, JSON and a PNG of predicted speedup against workers."""
+"""The planner apart from its models: the methods a plan covers, and the plan as text and a PNG.
+
+``daskann plan``'s choices and defaults read the methods and the fine-tuning
+share here without loading the cost models (and with them distributed); the
+plan it prints is text, or JSON, and a PNG of predicted speedup against workers.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,12 @@ import math
 from pathlib import Path
 
 from daskann import _plotting
+from daskann._methods import planned
+
+#: the methods a plan predicts (those whose entry in daskann._methods is planned)
+METHODS = planned()
+#: share of the steps the merged network is fine-tuned for (the rest trains the sub-models)
+FINETUNE_FRACTION = 0.25
 
 
 def _config_text(config: dict) -> str:

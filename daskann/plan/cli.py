@@ -12,10 +12,10 @@ from pathlib import Path
 
 import click
 
-from daskann._cli_common import cli_errors, cluster_options, connect, load_data, network_options
+from daskann._cli_common import clean_json, cli_errors, cluster_options, connect, load_data, network_options
 from daskann.npt.cli import mode_option
 from daskann.npt.cli import plan_command as npt_plan
-from daskann.plan._constants import FINETUNE_FRACTION, METHODS
+from daskann.plan._report import FINETUNE_FRACTION, METHODS, format_plan, format_validation, plot_speedup
 
 NETS = ("one-hidden", "two-hidden", "two-hidden-256")
 
@@ -67,9 +67,7 @@ def plan_command(ctx, **opts):
     from a profile's typical values (--profile slurm); a profile without them
     (no 'plan:' mapping) starts its worker jobs and measures them.
     """
-    from daskann._json import clean_json
     from daskann.plan._model import plan
-    from daskann.plan._report import format_plan, plot_speedup
 
     settings = _check(opts)
     if opts["method"] is None and not (opts["measure"] or opts["validate"] or opts["cluster_file"]):
@@ -227,9 +225,7 @@ def _mgrit_configs(opts: dict, net, hidden, X, y, train) -> list[dict]:
 
 
 def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) -> None:
-    from daskann._json import clean_json
     from daskann.cluster import close
-    from daskann.plan._report import format_validation
     from daskann.plan._runs import validate
 
     configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
