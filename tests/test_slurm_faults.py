@@ -236,9 +236,10 @@ def test_npt_resident_rides_through_workers_retiring_at_their_walltime(tmp_path,
 def test_partition_rides_through_workers_retiring_at_their_walltime(tmp_path, data, client2):
     from daskann.partition import PartitionTrainer
 
-    # each sub-model trains about one lifetime of its workers (10 s), timed on a sub-model's width here: it is
-    # rerun, from its checkpoint, at most split["retries"] times (a budget that progress does not renew)
-    sub_steps = steps_lasting(10, lambda n: SerialTrainer((16, 16), **COMMON).fit(*data, steps=n), 5000, 5000)
+    # each sub-model trains about two lifetimes of its workers (10 s each), timed on a sub-model's width here, so
+    # that a busier moment while timing cannot make it end inside its first workers' life; it is rerun, from its
+    # checkpoint, at most split["retries"] times (a budget that progress does not renew)
+    sub_steps = steps_lasting(20, lambda n: SerialTrainer((16, 16), **COMMON).fit(*data, steps=n), 5000, 5000)
     kw = dict(k=2, merge={"noise": 0.02}, split={"sub_steps": sub_steps, "retries": 6, "timeout": 240.0}, **COMMON)
     reference = PartitionTrainer((32, 32), client=client2, **kw).fit(*data, steps=20)
     with retiring_cluster(tmp_path, "10s", "2s") as (c, seen):
