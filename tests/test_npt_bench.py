@@ -235,6 +235,55 @@ def test_breakdown_is_off_by_default():
     assert bench.BenchConfig.from_options(**opts, breakdown=True).breakdown
 
 
+def test_graph_rows_run_the_pipeline_they_name(client2, monkeypatch):
+    config = bench.BenchConfig(
+        nets=["one-hidden"],
+        grids=["1x2"],
+        batch_size=32,
+        n_samples=128,
+        graph_steps=1,
+        serial_steps=2,
+        warmup=1,
+        large_width=0,
+        widths=[],
+        modes=["graph-double", "graph", "graph-fused", "graph-single"],
+        gemm_size=64,
+    )
+    pipelines = []
+
+    class Recording(bench.NPTTrainer):
+        def fit(self, X, y=None, **kwargs):
+            super().fit(X, y, **kwargs)
+            pipelines.append(self.history_.attrs["pipeline"])
+            return self
+
+    monkeypatch.setattr(bench, "NPTTrainer", Recording)
+    table = bench.run(client2, config, log=lambda *_: None)["table"]
+    # in the order of bench.MODES; "graph" runs the pipeline graph mode picks for this small net
+    assert [r["mode"] for r in table if r["mode"] != "serial"] == [
+        "graph",
+        "graph-fused",
+        "graph-single",
+        "graph-double",
+    ]
+    assert pipelines == ["fused", "fused", "single", "double"]
+
+
+def test_bench_modes_name_the_valid_ones():
+    with pytest.raises(ValueError, match="modes.*'graph-triple'.*graph-fused, graph-single, graph-double"):
+        bench.BenchConfig.from_options(
+            nets="",
+            grids="1x1",
+            modes="graph,graph-triple",
+            widths="",
+            large_width=0,
+            large_batch=8,
+            large_steps=1,
+            large_hidden=0,
+            large_grids="1x2",
+        )
+
+
 def test_graph_worker_times_split_each_window_once():
     from daskann.npt._run import graph_worker_times, resident_worker_times
 

@@ -43,6 +43,7 @@ from daskann.cluster import worker_addresses, worker_threads
 from daskann.data import BatchOrder, make_linear
 from daskann.nn import MLP
 from daskann.npt import costmodel
+from daskann.npt._setup import CHAINS
 from daskann.npt.costmodel import PAPER_NETS
 from daskann.npt.grid import parse_grid
 from daskann.npt.trainer import NPTTrainer
@@ -82,7 +83,9 @@ class BenchConfig:
         on 2x2 (empty skips it).
     modes : list of str
         Which of ``graph``, ``resident``, ``dask`` (the peer) and ``auto``
-        (``grid="auto", mode="auto"``) to run.
+        (``grid="auto", mode="auto"``) to run; ``graph-fused``,
+        ``graph-single`` and ``graph-double`` run graph mode with that
+        ``engine__pipeline`` instead of the one it picks (``graph``).
     breakdown : bool
         Keep, for the large net's NPT rows, where each worker's step time went
         (:mod:`daskann.bench.npt_breakdown`): the result's ``"breakdown"``.
@@ -184,12 +187,22 @@ def _net_names(text: str) -> list[str]:
     return nets
 
 
+#: graph mode with each pipeline it can be told to use, beside the one it picks
+PIPELINE_MODES = tuple(f"graph-{p}" for p in CHAINS)
+MODES = ("graph", *PIPELINE_MODES, "resident", "dask", "auto")
+
+
 def _modes(text: str) -> list[str]:
     modes = _names(text)
     for m in modes:
-        if m not in ("graph", "resident", "dask", "auto"):
-            raise invalid("modes", m, "a comma-separated subset of graph, resident, dask, auto")
+        if m not in MODES:
+            raise invalid("modes", m, "a comma-separated subset of " + ", ".join(MODES))
     return modes
+
+
+def _graph_modes(config: BenchConfig) -> list[str]:
+    """The graph-mode runs of the sweep, in the order of :data:`MODES`."""
+    return [m for m in MODES if m.startswith("graph") and m in config.modes]
 
 
 def _steady_step(times, warmup: int) -> float:
@@ -296,11 +309,13 @@ class _Sweep:
 
         warmup = self.config.warmup if warmup is None else warmup
         probe_s = _probe(self.client) if grid == "auto" else 0.0
+        # "graph-double": graph mode told to use that pipeline, and the row's label
+        engine_mode, _, pipeline = mode.partition("-")
         t = NPTTrainer(
             **_kwargs(net.sizes, net.batch, self.config),
             grid=grid,
-            mode=mode,
-            engine={"share_workers": True, "timeout": 600.0},
+            mode=engine_mode,
+            engine={"share_workers": True, "timeout": 600.0, "pipeline": pipeline or "auto"},
             client=self.client,
         )
         t0 = time.perf_counter()
@@ -431,8 +446,8 @@ def _paper_nets(run: _Sweep, cost) -> None:
         for grid in config.grids:
             if "resident" in config.modes:
                 run.npt(net, grid, "resident", config.resident_steps)
-            if "graph" in config.modes:
-                run.npt(net, grid, "graph", config.graph_steps)
+            for mode in _graph_modes(config):
+                run.npt(net, grid, mode, config.graph_steps)
             if "dask" in config.modes:
                 run.peer(net, grid, config.peer_steps)
         plan = run.plan(cost, net)
@@ -462,8 +477,8 @@ def _large_net(run: _Sweep, cost) -> None:
 
     side_by_side(run.serial(net, steps, warm))
     for grid in config.large_grids:
-        if "graph" in config.modes:
-            side_by_side(run.npt(net, grid, "graph", steps, warm, breakdown=breakdown))
+        for mode in _graph_modes(config):
+            side_by_side(run.npt(net, grid, mode, steps, warm, breakdown=breakdown))
         if "resident" in config.modes:
             side_by_side(run.npt(net, grid, "resident", steps, warm, breakdown=breakdown))
         if "dask" in config.modes and _cells(grid) > 1:

@@ -65,6 +65,7 @@ _PLOTS = (
 )
 #: line style and marker per mode; the auto runs get a star
 _STYLES = {"graph": ("-", "o"), "resident": ("--", "s"), "dask": (":", "^")}
+_STYLES.update({f"graph-{p}": ("-", m) for p, m in zip(("fused", "single", "double"), "v<>", strict=True)})
 
 
 def plot(table: list[dict], out_dir) -> dict:

@@ -220,7 +220,8 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
     "--modes",
     default="graph,resident,dask,auto",
     show_default=True,
-    help="Which runs: graph, resident, dask (the dask.array peer), auto (grid='auto').",
+    help="Which runs: graph, resident, dask (the dask.array peer), auto (grid='auto'); graph-fused, "
+    "graph-single and graph-double run graph mode with that pipeline instead of the one it picks.",
 )
 @click.option("--quick", is_flag=True, help="Small sizes and few steps (a smoke test of the benchmark).")
 @click.option(
