@@ -4,10 +4,14 @@ Each class also derives from the built-in error it always was
 (:class:`ValueError`, :class:`RuntimeError`, :class:`OSError`,
 :class:`TimeoutError`), so ``except ValueError`` keeps catching a
 :class:`StoreError` and ``except DaskannError`` catches them all. The modules
-that raise them re-export them under their old names.
+that raise them re-export them under their old names. Beside
+:class:`TrainingDiverged`, :class:`DivergenceCause` is the one rule by which
+every trainer names what became NaN or Inf.
 """
 
 from __future__ import annotations
+
+from enum import IntEnum
 
 __all__ = [
     "DamagedStoreError",
@@ -35,15 +39,62 @@ class DaskannError(Exception):
 
 
 # -- training ----------------------------------------------------------------------
+class DivergenceCause(IntEnum):
+    """What became NaN or Inf in a training step, as a number that workers can exchange.
+
+    The causes are ordered: a step trained in parts (cells of a grid) has the
+    largest of its parts' causes, since a loss or gradient that is not finite
+    anywhere makes the weights it updates not finite too (``lr > 0``).
+    :meth:`of` is the one rule every trainer names a cause by, and :attr:`what`
+    its words in :class:`TrainingDiverged`'s message.
+    """
+
+    FINITE = 0
+    WEIGHTS = 1
+    LOSS_OR_GRADIENTS = 2
+
+    @classmethod
+    def of(cls, *, loss: bool = True, gradients: bool = True, weights: bool = True) -> DivergenceCause:
+        """The cause of a step from whether its loss, its gradients and the new weights are finite.
+
+        A part not looked at counts as finite: :class:`~daskann.serial.SerialTrainer`
+        looks at the gradients only once the weights they made are not finite.
+        """
+        if not (loss and gradients):
+            return cls.LOSS_OR_GRADIENTS
+        return cls.FINITE if weights else cls.WEIGHTS
+
+    @property
+    def what(self) -> str:
+        """What became NaN or Inf, in words (empty for :attr:`FINITE`)."""
+        return _DIVERGED_WHAT[self]
+
+
+_DIVERGED_WHAT = {
+    DivergenceCause.FINITE: "",
+    DivergenceCause.WEIGHTS: "the weights",
+    DivergenceCause.LOSS_OR_GRADIENTS: "the loss or its gradients",
+}
+
+
 class TrainingDiverged(DaskannError, RuntimeError):
     """Loss, gradients or weights became NaN or Inf.
 
-    The trainer keeps the last finite state in ``model_``; :attr:`step` is the
-    step at which training stopped.
+    The trainer keeps the last finite state in ``model_``.
+
+    Attributes
+    ----------
+    step : int
+        Step (1-based) at which training stopped.
+    what : str
+        What became NaN or Inf: for the trainers of SGD steps,
+        :attr:`DivergenceCause.what` of the step's cause, the same words
+        whichever trainer ran it.
     """
 
     def __init__(self, step: int, what: str):
         self.step = int(step)
+        self.what = what
         super().__init__(
             f"training diverged at step {self.step}: {what} became NaN or Inf; "
             f"the model keeps the last finite state (after {self.step - 1} steps). "

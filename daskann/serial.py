@@ -15,6 +15,7 @@ from daskann._history import HistoryRecorder
 from daskann._options import SGDOptions
 from daskann._validation import Activation, Loss, check_int, invalid
 from daskann.data._batches import check_batch_order
+from daskann.exceptions import DivergenceCause
 from daskann.nn import ACTIVATIONS, LOSSES, MLP, OUTPUTS, SGD
 
 
@@ -217,7 +218,7 @@ class SerialTrainer(BaseTrainer):
             rows = order.indices(step)
             value, grad_w, grad_b = model.loss_and_gradients(data.X[rows], data.y[rows], settings["loss"])
             if not np.isfinite(value):
-                raise TrainingDiverged(step + 1, "the loss or its gradients")
+                raise TrainingDiverged(step + 1, DivergenceCause.of(loss=False).what)
             grads = model.interleave(grad_w, grad_b)
             new_params, new_velocity = spare
             for p, g, v, p_new, v_new in zip(params, grads, velocity, new_params, new_velocity, strict=True):
@@ -225,7 +226,8 @@ class SerialTrainer(BaseTrainer):
             # a gradient that is not finite makes the weights it updates not finite (lr > 0): the gradients
             # are looked at only then, to say which it was
             if not _all_finite(new_params):
-                raise TrainingDiverged(step + 1, "the weights" if _all_finite(grads) else "the loss or its gradients")
+                cause = DivergenceCause.of(gradients=_all_finite(grads), weights=False)
+                raise TrainingDiverged(step + 1, cause.what)
             spare = params, list(velocity)
             model.assign_params(new_params)
             velocity[:] = new_velocity

@@ -59,10 +59,22 @@ def test_every_error_class_in_the_package_derives_from_daskann_error():
 
 def test_errors_keep_their_messages_and_attributes():
     diverged = exceptions.TrainingDiverged(7, "the loss")
-    assert diverged.step == 7 and "diverged at step 7" in str(diverged)
+    assert diverged.step == 7 and diverged.what == "the loss" and "diverged at step 7" in str(diverged)
     full = exceptions.DiskFullError(28, "no room")
     assert full.errno == 28 and isinstance(full, OSError)
     late = exceptions.ExchangeTimeout("block w[0,1] did not arrive", "tcp://10.0.0.1:1234")
     assert str(late) == "block w[0,1] did not arrive" and late.source == "tcp://10.0.0.1:1234"
     with pytest.raises(ValueError):  # an old ``except ValueError`` still catches a store error
         raise exceptions.DamagedStoreError("checksum mismatch")
+
+
+def test_one_rule_names_the_cause_of_divergence():
+    cause = exceptions.DivergenceCause
+    assert cause.of() is cause.FINITE and cause.FINITE.what == ""
+    assert cause.of(weights=False).what == "the weights"
+    # a loss or gradient that is not finite is the cause, whatever the weights
+    for known in ({"loss": False}, {"gradients": False}, {"gradients": False, "weights": False}):
+        assert cause.of(**known).what == "the loss or its gradients"
+    # workers exchange causes as numbers: the worst of a step's parts is their maximum
+    announced = [float(c) for c in (cause.WEIGHTS, cause.FINITE, cause.LOSS_OR_GRADIENTS)]
+    assert max(cause(int(c)) for c in announced) is cause.LOSS_OR_GRADIENTS

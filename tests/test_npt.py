@@ -359,7 +359,7 @@ def test_divergence_stops_where_serial_does(client4, regression):
     npt = NPTTrainer((10,), grid="2x2", mode="graph", client=client4, **kwargs)
     with pytest.raises(TrainingDiverged) as got:
         npt.fit(X, y, steps=40)
-    assert got.value.step == want.value.step
+    assert got.value.step == want.value.step and got.value.what == want.value.what
     assert npt.n_steps_ == serial.n_steps_
     assert all(np.isfinite(p).all() for p in npt.model_.params)
     assert _max_error(npt, serial) < 1e-8

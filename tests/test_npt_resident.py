@@ -21,6 +21,7 @@ from conftest import no_tasks_submitted, restore_workers, scheduler_watch
 from daskann import SerialTrainer, TrainingDiverged
 from daskann.data import make_linear
 from daskann.nn import SGD
+from daskann.npt import NPTTrainer
 from daskann.npt._exchange import ExchangeAborted, ExchangeTimeout, Mailbox, open_namespaces
 from daskann.npt._resident_layout import Layout
 from daskann.npt.grid import ProcessGrid
@@ -307,10 +308,33 @@ def test_divergence_stops_with_the_last_finite_state(client4, regression, shape)
     result = train_resident(
         client4, grid, **_setup(X, y, (12, 9), **kwargs), stop=30, run_id=f"daskann-npt-test-diverge-{shape}"
     )
-    assert result.diverged_step == info.value.step
+    assert (result.diverged_step, result.diverged_what) == (info.value.step, info.value.what)
     assert len(result.rows) == info.value.step - 1
     assert all(np.isfinite(p).all() for p in result.model.params + result.velocity)
     assert max(_rel(a, b) for a, b in zip(result.model.params, serial.model_.params, strict=True)) < TOL
+
+
+#: (what serial says, scale of X, settings) of runs that diverge for either cause
+CAUSES = [
+    ("the weights", 100.0, dict(lr=1e306, batch_size=20, seed=0, sgd={"momentum": 0.9})),  # the first update overflows
+    ("the loss or its gradients", 1.0, dict(lr=3.0, batch_size=20, seed=0, sgd={"momentum": 0.9})),
+]
+
+
+@pytest.mark.parametrize("shape", ["2x2", "1x1"])
+@pytest.mark.parametrize("what,scale,kwargs", CAUSES, ids=["weights", "loss"])
+def test_divergence_names_the_cause_serial_names(client4, regression, shape, what, scale, kwargs):
+    """Each worker announces its cause of divergence; all agree on the worst, which the message names."""
+    X, y = regression
+    serial = SerialTrainer((10,), **kwargs)
+    with pytest.raises(TrainingDiverged) as want:
+        serial.fit(X * scale, y, steps=40)
+    assert want.value.what == what  # the run diverges for the cause it is meant to
+    npt = NPTTrainer((10,), grid=shape, mode="resident", client=client4, **kwargs)
+    with pytest.raises(TrainingDiverged) as got:
+        npt.fit(X * scale, y, steps=40)
+    assert str(got.value) == str(want.value) and npt.n_steps_ == serial.n_steps_
+    assert max(_rel(a, b) for a, b in zip(npt.model_.params, serial.model_.params, strict=True)) < TOL
 
 
 def test_bad_input_fails_before_any_task(client4, regression):

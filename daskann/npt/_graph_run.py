@@ -27,7 +27,7 @@ import numpy as np
 
 from daskann import config
 from daskann.cluster import wait_watching, workers_left
-from daskann.exceptions import WorkerLost
+from daskann.exceptions import DivergenceCause, WorkerLost
 from daskann.npt._run import Replays, RunRecord, RunSpec, RunStart, graph_worker_times
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
@@ -213,11 +213,12 @@ class _Attempt:
         # the last finite state stays on the grid, as a finished run's does: nothing is gathered here
         if params_ok or step - 1 < self.start.step:
             # serial stops at step + 1 on the loss, keeping the weights it started that step with
-            what = "the loss or its gradients"
+            what = DivergenceCause.of(loss=False).what
             return GraphResult(None, None, rows, diverged_step=step + 1, diverged_what=what, state=state)
-        # the update of the previous step already produced non-finite weights
+        # the update of the previous step already produced non-finite weights; its velocity (momentum times
+        # the last one plus the gradient) stands in for the gradients, which graph mode does not keep
         rows.pop(step, None)
-        what = "the weights" if velocity_ok else "the loss or its gradients"
+        what = DivergenceCause.of(gradients=velocity_ok, weights=False).what
         return GraphResult(None, None, rows, diverged_step=step, diverged_what=what, state=self._state(step - 1))
 
     def _state(self, step: int):

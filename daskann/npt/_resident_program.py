@@ -15,10 +15,11 @@ Operands known early (weights at the start of the step, activations as soon as
 the forward pass makes them) are skewed at once, off the critical path. The
 bias gradient and the softmax row statistics are small all-gathers among the
 workers of a grid column or row. Each worker announces its part of a step's
-loss and whether all its numbers stayed finite to every worker along with the
-next step's first blocks; the step is confirmed (or rolled back, on
-divergence) by all workers alike before the next update, so no step waits on
-a barrier of its own.
+loss and the cause of divergence its numbers give (a
+:class:`~daskann.exceptions.DivergenceCause`, finite or not) to every worker
+along with the next step's first blocks; the step is confirmed (or rolled back,
+on divergence, naming the cause as SerialTrainer does) by all workers alike
+before the next update, so no step waits on a barrier of its own.
 
 At the evaluation steps of a run with validation data, the cells run one more
 forward pass, by the same products, over their grid row's band of the
@@ -38,6 +39,7 @@ import numpy as np
 from distributed import secede
 
 from daskann._heap import heap_for_blocks
+from daskann.exceptions import DivergenceCause
 from daskann.nn import MLP
 from daskann.nn._functional import activate, activation_backward
 from daskann.npt._exchange import Channel
@@ -342,20 +344,20 @@ class CellProgram:
         return gW, gb
 
     def propose_update(self, gW, gb):
-        """New weights and velocities (not yet committed) and whether all is finite."""
+        """The cause of divergence on this worker's cells and the new weights and velocities (not yet
+        committed; None when a gradient is not finite)."""
         t0 = time.perf_counter()
-        finite = all_finite(*gW, *gb)
-        new = None
-        if finite:
+        cause, new = DivergenceCause.of(gradients=all_finite(*gW, *gb)), None
+        if cause == DivergenceCause.FINITE:
             W, vW, b, vb = {}, {}, {}, {}
             for (layer, cell), w in self.W.items():
                 W[layer, cell], vW[layer, cell] = self._updated(w, gW[layer][cell], self.vW[layer, cell])
             for (layer, j), bias in self.b.items():
                 b[layer, j], vb[layer, j] = self._updated(bias, gb[layer][j], self.vb[layer, j])
-            finite = all_finite(W, b)
+            cause = DivergenceCause.of(weights=all_finite(W, b))
             new = (W, vW, b, vb)
         self.compute += time.perf_counter() - t0
-        return finite, new
+        return cause, new
 
     def _updated(self, param, grad, velocity):
         # graph mode's SGD step on a block: the same arithmetic as serial's optimiser
@@ -389,24 +391,25 @@ class CellProgram:
         self.compute = compute
         return partial, correct
 
-    def announce(self, step: int, partial: float, finite: bool) -> None:
-        """Send this worker's (loss part, finite flag) of ``step`` to every worker."""
-        message = np.array([partial, 1.0 if finite else 0.0])
+    def announce(self, step: int, partial: float, cause: DivergenceCause) -> None:
+        """Send this worker's (loss part, cause of divergence) of ``step`` to every worker."""
+        message = np.array([partial, float(cause)])
         for address in self.layout.workers:
             self.channel.send(address, f"{step}|sync|{self.worker_index}", message)
 
-    def agree(self, step: int):
-        """Gather every worker's announcement of ``step``: the loss and go/stop.
+    def agree(self, step: int) -> tuple[float, DivergenceCause]:
+        """Gather every worker's announcement of ``step``: the loss and the step's cause of divergence.
 
-        All workers read the same numbers in the same order, so all decide alike.
+        The cause is the worst announced, or the loss's when the total is not finite. All workers
+        read the same numbers in the same order, so all decide alike.
         """
-        total, ok = 0.0, True
+        total, cause = 0.0, DivergenceCause.FINITE
         for k, address in enumerate(self.layout.workers):
             got = self.recv(f"{step}|sync|{k}", address)
             total += float(got[0])
-            ok = ok and bool(got[1])
+            cause = max(cause, DivergenceCause(int(got[1])))
         loss = mean_loss(total, self.loss_name, self.layout.batch_size, self.layout.sizes[-1])
-        return loss, ok and math.isfinite(loss)
+        return loss, max(cause, DivergenceCause.of(loss=math.isfinite(loss)))
 
     def state(self) -> tuple:
         return self.W, self.vW, self.b, self.vb
@@ -414,7 +417,7 @@ class CellProgram:
     def run(self) -> dict:
         """Train; a step's update is committed at once and confirmed one step later.
 
-        The agreement on step ``t`` (loss, finite everywhere) rides on the
+        The agreement on step ``t`` (loss, cause of divergence) rides on the
         first messages of step ``t + 1`` instead of a barrier of its own; if it
         says stop, every worker returns to the state before step ``t``.
         """
@@ -435,7 +438,7 @@ class CellProgram:
                 targets = {cell: self.targets(cell, batch_rows) for cell in self.cells}
                 partial, d_logits, _ = self.output_loss(step, pre[-1], targets)
                 gW, gb = self.backward(step, pre, d_logits)
-                finite, new = self.propose_update(gW, gb)
+                cause, new = self.propose_update(gW, gb)
                 if pending is not None:
                     stop = self.confirm(pending, losses, stats, snapshots)
                     if stop is not None:
@@ -454,14 +457,15 @@ class CellProgram:
                     channel.waited - before_step[2],
                     channel.transfer_waited - before_step[3],
                 )
-                pending = (step, before, step_stats, (partial, finite))
+                pending = (step, before, step_stats, (partial, cause))
             if diverged is None and pending is not None:
                 self.announce(pending[0], *pending[3])
                 diverged = self.confirm(pending, losses, stats, snapshots)
         return self.result(losses, stats, diverged, snapshots)
 
     def result(self, losses, stats, diverged, snapshots) -> dict:
-        """What the task returns: the confirmed steps' figures and the blocks the cells hold."""
+        """What the task returns: the confirmed steps' figures, the blocks the cells hold and, after
+        divergence, ``(1-based step, DivergenceCause)``."""
         return {
             "worker": self.me,
             "losses": losses,
@@ -481,13 +485,13 @@ class CellProgram:
             if layer > 0:
                 self.skew(step, f"ga{layer}", "R", blocks, transposed=True)
 
-    def confirm(self, pending, losses, stats, snapshots) -> int | None:
-        """Settle the unconfirmed step: record it, or roll back and return its 1-based number."""
+    def confirm(self, pending, losses, stats, snapshots) -> tuple[int, DivergenceCause] | None:
+        """Settle the unconfirmed step: record it, or roll back and return its 1-based number and cause."""
         step, before, step_stats, _ = pending
-        loss, go = self.agree(step)
-        if not go:
+        loss, cause = self.agree(step)
+        if cause != DivergenceCause.FINITE:
             self.W, self.vW, self.b, self.vb = before
-            return step + 1
+            return step + 1, cause
         self.record(step, loss, step_stats, losses, stats, snapshots)
         return None
 
@@ -522,7 +526,8 @@ class SingleCellProgram(CellProgram):
     step is one call of :meth:`MLP.loss_and_gradients` and the optimiser's
     update, without the per-block messages and bookkeeping of the general
     program (on a small net those cost more than the arithmetic). A step
-    whose loss, gradients or new weights are not finite is not committed.
+    whose loss, gradients or new weights are not finite is not committed,
+    and its cause is named as in the general program.
     Validation passes use the general program's products, sent to itself.
     """
 
@@ -546,7 +551,8 @@ class SingleCellProgram(CellProgram):
         return [self.b[layer, 0] for layer in range(self.n_layers)]
 
     def local_step(self, step: int):
-        """Loss of ``step`` and the new ``(W, vW, b, vb)``, or None when a number is not finite."""
+        """Loss of ``step``, its cause of divergence and the new ``(W, vW, b, vb)`` (None when a loss or
+        gradient is not finite)."""
         rows = self.order.indices(step)
         net = self.net
         net.weights, net.biases = self._weights(), self._biases()
@@ -554,10 +560,10 @@ class SingleCellProgram(CellProgram):
             self.X[0][rows], self.targets(self.CELL, {0: rows}), self.loss_name
         )
         if not math.isfinite(value):
-            return value, None
+            return value, DivergenceCause.of(loss=False), None
         # the general program's update and finiteness checks, on the one cell's blocks
-        finite, new = self.propose_update([{self.CELL: g} for g in grad_w], [{0: g} for g in grad_b])
-        return value, new if finite else None
+        cause, new = self.propose_update([{self.CELL: g} for g in grad_w], [{0: g} for g in grad_b])
+        return value, cause, new
 
     def run(self) -> dict:
         losses, stats, snapshots = [], [], {}
@@ -565,9 +571,9 @@ class SingleCellProgram(CellProgram):
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
             for step in range(self.start, self.stop):
                 t_step = time.perf_counter()
-                loss, new = self.local_step(step)
-                if new is None:
-                    diverged = step + 1
+                loss, cause, new = self.local_step(step)
+                if cause != DivergenceCause.FINITE:
+                    diverged = step + 1, cause
                     break
                 self.W, self.vW, self.b, self.vb = new
                 wall = time.perf_counter() - t_step

@@ -37,7 +37,7 @@ def run_resident(client, run: RunSpec, start: RunStart, record: RunRecord) -> No
         record.state = result.state
         if result.diverged_step is not None:
             # the cells rolled back to the last finite state
-            record.diverged = (result.diverged_step, "the loss, its gradients or the weights")
+            record.diverged = (result.diverged_step, result.diverged_what)
             return
         # the next stretch continues from the cells' memory, or after a lost worker, from the store
         start = RunStart(stop, path=path, state=result.state)

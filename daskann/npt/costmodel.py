@@ -159,7 +159,7 @@ class CostModel:
                 # a skew, then q steps that each pass a block of both operands on (overlapping the GEMMs)
                 block = max(m * k, k * n) / (q * q) * itemsize
                 exchange += (q + 1) * (self.latency + virtual * block / self.bandwidth)
-            # small all-gathers per step: loss, finite flag, bias gradients, softmax statistics
+            # small all-gathers per step: loss and cause of divergence, bias gradients, softmax statistics
             exchange += (2 + n_layers) * self.latency * math.ceil(math.log2(workers + 1))
             return compute + calls * self.gemm_overhead + exchange
         if mode != "graph":

@@ -34,7 +34,7 @@ from daskann import config
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import check_float, check_int, invalid
 from daskann.cluster import wait_watching, workers_left
-from daskann.exceptions import LostWorkersError, ResidentError
+from daskann.exceptions import DivergenceCause, LostWorkersError, ResidentError
 from daskann.nn import MLP
 from daskann.npt._exchange import (
     ExchangeAborted,
@@ -154,6 +154,9 @@ class ResidentResult:
     diverged_step : int or None
         1-based step at which loss, gradients or weights became non-finite;
         ``model`` and ``velocity`` then hold the state before that step.
+    diverged_what : str
+        What became non-finite at ``diverged_step``, in SerialTrainer's words
+        (:attr:`~daskann.exceptions.DivergenceCause.what`); empty without divergence.
     snapshots : dict
         ``{completed steps: MLP}`` at the steps ``eval_fn`` asked for (without ``validation``).
     evaluations : dict
@@ -167,6 +170,7 @@ class ResidentResult:
     velocity: list | None
     rows: list = field(default_factory=list)
     diverged_step: int | None = None
+    diverged_what: str = ""
     snapshots: dict = field(default_factory=dict)
     state: ResidentState | None = None
     evaluations: dict = field(default_factory=dict)
@@ -652,7 +656,8 @@ def _assemble(
                 },
             }
         )
-    diverged = results[0]["diverged"]
+    # every worker agreed on the same step and cause
+    diverged_step, cause = results[0]["diverged"] or (None, DivergenceCause.FINITE)
     trained = velocity = None
     if gather:
         trained, velocity = _gather_state(layout, settings, [r["state"] for r in results], dtype, velocity=True)
@@ -660,7 +665,7 @@ def _assemble(
     for done in eval_steps:
         if done <= start + n_steps and done in results[0]["snapshots"]:  # none when the cells evaluated
             snapshots[done] = _gather_state(layout, settings, [r["snapshots"][done] for r in results], dtype)[0]
-    return ResidentResult(trained, velocity, rows, diverged, snapshots)
+    return ResidentResult(trained, velocity, rows, diverged_step, DivergenceCause(cause).what, snapshots)
 
 
 def _evaluations(results: list[dict], loss: str, n_val: int, n_out: int) -> dict:

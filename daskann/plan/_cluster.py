@@ -91,8 +91,8 @@ class ClusterSpec:
     resident_step_overhead : float
         Seconds of an NPT resident-mode step beyond its products, its
         exchanges and the work per layer and per number: the cell program's
-        loop (batch rows, the loss and finite-flag agreement, its history
-        row). 0 takes ``step_overhead`` (a :class:`SerialTrainer` step's).
+        loop (batch rows, the agreement on the loss and on divergence, its
+        history row). 0 takes ``step_overhead`` (a :class:`SerialTrainer` step's).
     name : str
         Where the numbers come from (a file, a profile, a live cluster).
     """
