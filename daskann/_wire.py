@@ -17,6 +17,14 @@ a plain ndarray. Pinned tasks (:class:`daskann.npt.matrix.GraphBuilder`) store
 their results as wire arrays, and resident mode sends its blocks as wire arrays.
 Should distributed lay its messages out differently, blocks still arrive
 intact, if perhaps unaligned.
+
+Blocks under :data:`MIN_BYTES` travel as they are and may arrive unaligned, at
+an offset that depends on the rest of the message. numpy's copy of such an
+operand takes the product's order (a transposed operand becomes a
+C-contiguous one), so BLAS is called another way and rounds differently:
+graph mode's kernels copy an unaligned block in its own layout before using it
+(:func:`daskann.npt._kernels.operand`), so that results do not depend on how
+messages were laid out.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from daskann import SerialTrainer, TrainingDiverged, load_checkpoint
 from daskann.cluster import worker_addresses
 from daskann.data import make_linear
-from daskann.npt import GridMatrix, NPTTrainer, ProcessGrid, matmul, matmul_nt, matmul_tn
+from daskann.npt import GridMatrix, NPTTrainer, ProcessGrid, _kernels, matmul, matmul_nt, matmul_tn
 from daskann.npt.cannon import plan_product
 from daskann.npt.costmodel import CostModel, candidate_grids, choose_grid
 
@@ -99,6 +99,27 @@ def test_plan_is_cannon_order_on_square_grid_and_covers_rectangular_ones():
                 ) == (k0, k1)
                 count[out_rows[i][0] + r0 : out_rows[i][0] + r1, out_cols[j][0] + c0 : out_cols[j][0] + c1, k0:k1] += 1
     assert (count == 1).all()
+
+
+def test_products_of_unaligned_blocks_equal_those_of_aligned_ones():
+    # a small block received from another worker may sit at any byte offset; its products must not change
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((20, 12)), rng.standard_normal((20, 4))
+    raw = np.empty(a.nbytes + 1, dtype=np.uint8)
+    moved = raw[1:].view(np.float64).reshape(a.shape)
+    moved[...] = a
+    assert not moved.flags.aligned
+    for window in (None, (0, 20, 0, 4), (0, 20, 4, 6)):
+        out = [
+            _kernels.block_product(
+                None,
+                [((x, None, window, None), True, (b, None, None, None), False, None)],
+                (12 if window is None else window[3] - window[2], 4),
+                np.float64,
+            )
+            for x in (a, moved)
+        ]
+        assert np.array_equal(out[0], out[1])
 
 
 # -- Cannon products on the cluster ----------------------------------------------------------
@@ -214,6 +235,20 @@ def test_resident_mode_equals_serial(
         batch_size=20,
         seed=3,
     )
+
+
+def test_graph_mode_is_bit_reproducible_on_a_rectangular_shared_grid(client4, regression):
+    # 2x3 cells on 4 workers: products cut into windows, transposed operands received from other workers
+    X, y = regression
+    kwargs = {"lr": 0.05, "batch_size": 40, "seed": 0, "sgd": {"momentum": 0.9}}
+    fits = [
+        NPTTrainer((12, 9), grid="2x3", mode="graph", engine={"share_workers": True}, client=client4, **kwargs).fit(
+            X, y, steps=12
+        )
+        for _ in range(2)
+    ]
+    for a, b in zip(fits[0].model_.params + fits[0].velocity_, fits[1].model_.params + fits[1].velocity_, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 # -- the scheduler's records -------------------------------------------------------------------

@@ -35,6 +35,12 @@ def operand(spec):
     value, field, window, transform = spec
     if field is not None:
         value = value[field]
+    if not value.flags.aligned:
+        # a small block received from another worker may sit at any byte offset (daskann._wire); numpy
+        # would copy it in a product's operand order, turning a transposed BLAS call into another whose
+        # rounding differs, so the sum would depend on how the message was laid out. A copy in the
+        # block's own layout makes the product the one its owner computes.
+        value = value.copy(order="K")
     if window is not None:
         r0, r1, c0, c1 = window
         value = value[r0:r1, c0:c1]
