@@ -164,19 +164,20 @@ def _fault_during(client, fit, ready, fault, *, timeout=240):
     return result, round(time.monotonic() - t0, 1)
 
 
-def _kill_all_workers_during(client, fit, ready):
-    """SIGKILL every worker during ``fit`` once ``ready()``; returns ``(kills, seconds)``."""
+def _kill_all_workers_during(client, fit, ready, kill=None):
+    """SIGKILL every worker during ``fit`` once ``ready()`` (or call ``kill()``); returns ``(kills, seconds)``."""
     _settle(client)
     time.sleep(3)  # nannies that just restarted a worker are left to finish before it dies again
+    return _fault_during(client, fit, ready, kill or (lambda: _kill_all(client)))
 
-    def kill_all():
-        pids = _pids(client)
-        assert len(pids) == N_WORKERS
-        for pid in pids.values():
-            os.kill(pid, signal.SIGKILL)
-        return len(pids)
 
-    return _fault_during(client, fit, ready, kill_all)
+def _kill_all(client):
+    """SIGKILL every worker at once; returns how many."""
+    pids = _pids(client)
+    assert len(pids) == N_WORKERS
+    for pid in pids.values():
+        os.kill(pid, signal.SIGKILL)
+    return len(pids)
 
 
 class _Background:
@@ -723,6 +724,62 @@ def test_partition_all_workers_killed_at_once_resume_from_checkpoints(
         seconds=seconds,
     )
     assert min(_resumed_from(trainer)) > 0
+    assert equal
+
+
+@pytest.mark.slow
+def test_partition_reruns_each_time_its_data_is_lost_while_it_checkpoints(
+    fclient, regression, partition_reference, tmp_path
+):
+    """As at every walltime of a batch system: all copies of the data lost again and again, with progress between.
+
+    Only reruns in a row without a newer checkpoint count against ``lost-data-reruns`` (2): the
+    data is lost three times here, each time after every sub-model still training checkpointed again.
+    """
+    X, y = regression
+    ref, _ = partition_reference
+    trainer = _partition(fclient, checkpoint={"dir": tmp_path, "every": 500})
+    subs = [tmp_path / "partition" / f"submodel-{g}" for g in range(2)]
+    sub_steps = PART_KW["split"]["sub_steps"]
+    losses = 3
+    assert losses > dask.config.get("daskann.partition.lost-data-reruns")
+
+    def newest():
+        return [max((int(p.name[5:-5]) for p in store.list_checkpoints(d)), default=0) for d in subs]
+
+    at_last_loss = []
+
+    def checkpointed_again():
+        return all(n > b for n, b in zip(newest(), at_last_loss[-1], strict=True) if b < sub_steps)
+
+    def lose_the_data_again_and_again():
+        kills = 0
+        for _ in range(losses):
+            if at_last_loss:  # every sub-model still training checkpointed since the last loss, and is back
+                _wait_for(checkpointed_again, 60)
+                _wait_for(lambda: len(_pids(fclient)) == N_WORKERS, 60)
+            at_last_loss.append(newest())
+            kills += _kill_all(fclient)
+        return kills
+
+    kills, seconds = _kill_all_workers_during(
+        fclient,
+        lambda: trainer.fit(X, y, steps=PART_STEPS),
+        lambda: any(n > 0 for n in newest()),
+        lose_the_data_again_and_again,
+    )
+    resumed = _resumed_from(trainer)
+    equal = _report_equal(
+        "partition data lost three times",
+        _part_state(trainer),
+        ref,
+        kills=kills,
+        checkpoints_at_each_loss=at_last_loss,
+        resumed_from=resumed,
+        seconds=seconds,
+    )
+    # a sub-model resumed from a checkpoint written after the second loss: it ran a third time
+    assert any(r > b for r, b in zip(resumed, at_last_loss[1], strict=True)), (resumed, at_last_loss)
     assert equal
 
 

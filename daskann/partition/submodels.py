@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import xarray as xr
-from distributed import get_worker
+from distributed import as_completed, get_worker
 
 from daskann import config, store
 from daskann._base import constructor_arguments
@@ -195,7 +195,8 @@ def run_submodels(
         Gives ``data`` scattered anew. Scattered data is never recomputed: when
         every worker holding it died, the tasks that need it are cancelled; with
         ``rescatter`` they run again (resuming from their checkpoints) on the
-        new copy, at most ``daskann.partition.lost-data-reruns`` times each.
+        new copy, resuming from their checkpoints; at most ``daskann.partition.lost-data-reruns``
+        times in a row without a newer checkpoint.
     watch : callable, optional
         Called with every sub-model future as it is submitted (a progress
         display attaches a done-callback to it).
@@ -269,31 +270,35 @@ class _SubModelTasks:
         return future, used
 
     def collect(self, futures: dict) -> None:
-        """Wait for ``{index: (future, data)}`` in turn, rerunning a task whose data was lost."""
-        for g, (future, used) in futures.items():
-            rerun = 0
-            while True:
-                try:
-                    self.results[g] = future.result(timeout=self.phase.remaining())
-                except CancelledError as exc:
-                    if not self._may_rerun(exc, used, rerun):
-                        self.failed[g] = exc
-                        future.release()
-                        break
-                    rerun += 1
-                    future, used = self._rerun(g, future, used, rerun)
-                    continue
-                except Exception as exc:
-                    if not future.done():  # still running: the phase ran out of time
-                        self._time_out(futures, future)
-                    self.failed[g] = exc  # raised on every attempt, or its workers died (KilledWorker)
-                future.release()
-                break
+        """Wait for ``{index: (future, data)}`` as they finish, rerunning a task whose data was lost.
 
-    def _may_rerun(self, exc: CancelledError, used, rerun: int) -> bool:
-        # (the data futures may not know yet that they are lost when their dependants are told)
-        lost = _data_lost(used) or any(reason in str(exc) for reason in ("lost dependencies", "already forgotten"))
-        return self.phase.rescatter is not None and rerun < config.count("partition.lost-data-reruns") and lost
+        A sub-model is rerun as soon as it was cancelled, not after the ones before it finished.
+        """
+        running = {
+            future: (g, used, _LostDataReruns(self.by_index[g].checkpoint_dir)) for g, (future, used) in futures.items()
+        }
+        finished = as_completed(list(running), loop=self.phase.client.loop, timeout=self.phase.remaining())
+        while running:
+            try:
+                future = next(finished)
+            except TimeoutError:
+                self._time_out(running)
+            g, used, reruns = running.pop(future)
+            try:
+                self.results[g] = future.result(timeout=self.phase.remaining())
+            except CancelledError as exc:
+                if self.phase.rescatter is not None and _lost_with_its_data(exc, used) and reruns.allow():
+                    rerun, used = self._rerun(g, future, used, reruns.total)
+                    running[rerun] = (g, used, reruns)
+                    finished.add(rerun)
+                    continue
+                self.failed[g] = exc
+            except Exception as exc:
+                if future.status != "error":  # no result by the deadline: still on its way, or being recomputed
+                    running[future] = (g, used, reruns)
+                    self._time_out(running)
+                self.failed[g] = exc  # raised on every attempt, or its workers died (KilledWorker)
+            future.release()
 
     def _rerun(self, g: int, future, used, rerun: int):
         # every copy of the data died with its workers: scatter it again (once) and rerun
@@ -302,15 +307,53 @@ class _SubModelTasks:
         future.release()
         return self.submit(self.by_index[g], rerun)
 
-    def _time_out(self, futures: dict, future) -> None:
-        pending = [i for i, (f, _) in futures.items() if not f.done()]
-        self.phase.client.cancel([f for f, _ in futures.values()] + [future])
+    def _time_out(self, running: dict) -> None:
+        pending = sorted(g for g, _, _ in running.values())
+        self.phase.client.cancel(list(running))
         raise named_error(
             TimeoutError,
             "timeout",
             f"{self.phase.timeout:g} s is not enough: sub-models {pending} had not finished; "
             "raise the timeout or shorten sub_steps",
         ) from None
+
+
+class _LostDataReruns:
+    """How often one sub-model may rerun after its data was lost.
+
+    On a batch system every copy of the scattered data may leave with its workers at each
+    walltime, so a long sub-model loses it once per generation of worker jobs. A rerun that
+    wrote a checkpoint made progress: only reruns in a row without a newer checkpoint count
+    against ``daskann.partition.lost-data-reruns`` (without a run folder, every rerun does).
+    """
+
+    def __init__(self, checkpoint_dir: str | None):
+        self.checkpoint_dir = checkpoint_dir
+        self.newest = self._newest_checkpoint()
+        self.in_a_row = 0
+        self.total = 0
+
+    def _newest_checkpoint(self) -> str | None:
+        if self.checkpoint_dir is None:
+            return None
+        found = store.list_checkpoints(self.checkpoint_dir)
+        return found[0].name if found else None
+
+    def allow(self) -> bool:
+        """Whether the sub-model may run again (counting this rerun when it may)."""
+        newest = self._newest_checkpoint()
+        if newest != self.newest:
+            self.newest, self.in_a_row = newest, 0
+        if self.in_a_row >= config.count("partition.lost-data-reruns"):
+            return False
+        self.in_a_row += 1
+        self.total += 1
+        return True
+
+
+def _lost_with_its_data(exc: CancelledError, used) -> bool:
+    # (the data futures may not know yet that they are lost when their dependants are told)
+    return _data_lost(used) or any(reason in str(exc) for reason in ("lost dependencies", "already forgotten"))
 
 
 def _data_lost(used) -> bool:
