@@ -194,9 +194,9 @@ def run_submodels(
     rescatter : callable, optional
         Gives ``data`` scattered anew. Scattered data is never recomputed: when
         every worker holding it died, the tasks that need it are cancelled; with
-        ``rescatter`` they run again (resuming from their checkpoints) on the
-        new copy, resuming from their checkpoints; at most ``daskann.partition.lost-data-reruns``
-        times in a row without a newer checkpoint.
+        ``rescatter`` they run again on the new copy, resuming from their
+        checkpoints, at most ``daskann.partition.lost-data-reruns`` times in a
+        row without a newer checkpoint.
     watch : callable, optional
         Called with every sub-model future as it is submitted (a progress
         display attaches a done-callback to it).
