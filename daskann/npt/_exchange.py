@@ -165,8 +165,12 @@ class ExchangePlugin(WorkerPlugin):
 
 
 def ensure_plugin(client) -> None:
-    """Register :class:`ExchangePlugin` on the cluster unless every worker has it."""
-    present = client.run(lambda dask_worker: PLUGIN_NAME in dask_worker.plugins)
+    """Register :class:`ExchangePlugin` on the cluster unless every worker has it.
+
+    A worker leaving while it is asked (its job ended) does not answer; the scheduler hands a
+    registered plugin to every worker that joins later, so the ones that answered decide.
+    """
+    present = client.run(lambda dask_worker: PLUGIN_NAME in dask_worker.plugins, on_error="ignore")
     if not present or not all(present.values()):
         client.register_plugin(ExchangePlugin(), name=PLUGIN_NAME)
 
