@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import threading
 import time
 import uuid
@@ -25,7 +26,7 @@ from daskann.npt import NPTTrainer
 from daskann.npt._exchange import ExchangeAborted, ExchangeTimeout, Mailbox, open_namespaces
 from daskann.npt._resident_layout import Layout
 from daskann.npt.grid import ProcessGrid
-from daskann.npt.resident import ResidentError, RunStart, _payload, exchange_latency, train_resident
+from daskann.npt.resident import ResidentError, RunStart, _gather_on, _payload, exchange_latency, train_resident
 
 TOL = 1e-10
 #: (loss, activation, output) of the equality tests
@@ -293,6 +294,29 @@ def test_killed_worker_fails_fast_and_clearly(client4, regression):
         assert time.monotonic() - t0 < 20
         survivors = client4.run(open_namespaces)
         assert not any(ns.startswith("daskann-npt-test-kill") for names in survivors.values() for ns in names)
+    finally:
+        restore_workers(client4, 4)
+
+
+def test_a_worker_lost_while_its_blocks_are_read_is_a_resident_error(client4, regression):
+    # a batch job's worker that leaves takes the cells' state with it; the scheduler forgets and
+    # cancels the task that was reading it, which must read as a lost worker (the run replays), not leak
+    X, y = regression
+    grid = ProcessGrid.from_client(client4, "2x2")
+    result = train_resident(
+        client4, grid, **_setup(X, y, (8,), lr=0.01, batch_size=16), stop=3, run_id="daskann-npt-test-read", keep=True
+    )
+    state, victim = result.state, grid.owner(1, 0)
+    try:
+        reads = state._each(lambda cells: time.sleep(2.0), tag="slow-read")
+        os.kill(client4.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not all(f.done() for f in reads):  # the victim's read cancelled, the others finished
+            assert time.monotonic() < deadline, [f.status for f in reads]
+            time.sleep(0.05)
+        assert sorted(f.status for f in reads) == ["cancelled", "finished", "finished", "finished"]
+        with pytest.raises(ResidentError, match=r"left the cluster"):
+            _gather_on(client4, reads, state.layout)
     finally:
         restore_workers(client4, 4)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -564,15 +565,26 @@ def _wait(client, futures, layout: Layout, run_id: str) -> None:
 def _gather_on(client, futures, layout: Layout) -> list:
     """The values of tasks pinned to the grid's workers; a task's own error as it is.
 
-    Never hangs on a pinned task whose worker is gone: that raises :class:`ResidentError`.
+    Never hangs on a pinned task whose worker is gone, and never lets the scheduler's cancellation
+    through: both raise :class:`ResidentError`. A worker that leaves can take a task's input with it
+    (the cells' state, or data only it held); the scheduler then forgets the task and cancels it.
     """
 
     def look():
-        if all(f.done() for f in futures):
-            return client.gather(futures)
+        if all(f.done() for f in futures) and not any(f.status in ("cancelled", "lost") for f in futures):
+            try:
+                return client.gather(futures)
+            except CancelledError:  # a worker left while its result was fetched: said below
+                pass
         gone = workers_left(client, layout.workers, listed=current_workers)
         if gone:
             raise ResidentError(f"worker(s) {', '.join(gone)} left the cluster while their blocks were read")
+        cancelled = [f.key for f in futures if f.status in ("cancelled", "lost")]
+        if cancelled:
+            raise ResidentError(
+                f"the scheduler cancelled {', '.join(map(str, cancelled))} while their blocks were read: "
+                "a worker that held their input left the cluster"
+            )
         return None
 
     return wait_watching(futures, look)
