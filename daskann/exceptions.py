@@ -35,7 +35,25 @@ __all__ = [
 
 
 class DaskannError(Exception):
-    """Base class of the errors daskann raises."""
+    """Base class of the errors daskann raises.
+
+    Every one pickles and copies with its type, message and attributes, as Python's own errors
+    do, whatever its constructor takes: errors travel between processes as task arguments and
+    results, and inside one another (:attr:`SubModelError.failed`).
+    """
+
+    def __reduce__(self):
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type, args: tuple, attributes: dict) -> BaseException:
+    """An error of ``cls`` with ``args`` and ``attributes``, made without calling its constructor again."""
+    error = cls.__new__(cls, *args)
+    if isinstance(error, OSError):  # errno and strerror, as the constructor's OSError.__init__ set them
+        OSError.__init__(error, *args)
+    error.args = args
+    error.__dict__.update(attributes)
+    return error
 
 
 # -- training ----------------------------------------------------------------------

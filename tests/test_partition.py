@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from conftest import no_tasks_submitted, restore_workers, run_notebook
 from distributed import get_task_stream
 
-from daskann import store
+from daskann import TrainingDiverged, store
 from daskann.bench.partition import BenchmarkConfig, run_benchmark, time_to_target
 from daskann.data import load_dataset
 from daskann.nn import MLP
@@ -329,6 +329,19 @@ def test_a_submodel_that_fails_for_good_is_named_and_the_others_are_kept(client2
     story = client2.run_on_scheduler(lambda dask_scheduler: [s[1:3] for s in dask_scheduler.story(key)])
     attempts = [s for s in story if s[1] == "processing"]
     assert len(attempts) == 3, f"expected 1 + retries=2 attempts: {story}"
+
+
+def test_a_diverging_submodel_is_named_with_the_serial_trainers_own_error(client2, digits):
+    # the error crosses from the worker whole: its type, and the step and cause serial training names
+    diverging = _settings(lr=1e200, sgd={"momentum": 0.0})
+    trainer = PartitionTrainer((16, 16), **diverging, k=2, split={"sub_steps": 50, "retries": 0}, client=client2)
+    with pytest.raises(SubModelError, match=r"TrainingDiverged: training diverged at step") as info:
+        trainer.fit(digits.X_train, digits.y_train, steps=5)
+    assert info.value.failed
+    for g, error in info.value.failed.items():
+        with pytest.raises(TrainingDiverged) as serial:
+            _reference_submodel(digits, trainer.partition_, g, trainer.seeds_[g], 50, lr=1e200, sgd={"momentum": 0.0})
+        assert type(error) is TrainingDiverged and (error.step, error.what) == (serial.value.step, serial.value.what)
 
 
 def test_a_worker_death_beyond_the_allowed_failures_names_the_submodel(client2, digits):
