@@ -6,6 +6,7 @@ import json
 import warnings
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 
@@ -202,6 +203,30 @@ def test_unstable_serial_training_still_raises():
     assert not hasattr(trainer, "model_")
     with pytest.raises(TrainingDiverged):
         SerialTrainer((8,), batch_size=16, lr=50.0, sgd={"momentum": 0.9}).fit(X, y, steps=64)
+
+
+#: (what serial says, scale of X, settings) of runs that diverge for either cause, and one whose
+#: loss overflows a step before its weights do
+DIVERGING = [
+    ("the weights", 100.0, dict(lr=1e306, batch_size=16, seed=0, sgd={"momentum": 0.9})),
+    ("the loss or its gradients", 1.0, dict(lr=50.0, batch_size=16, seed=0, sgd={"momentum": 0.9})),
+    ("the loss or its gradients", 1.0, dict(lr=5.0, batch_size=16, seed=0, sgd={"momentum": 0.0})),
+]
+
+
+@pytest.mark.parametrize("solve", ["predict", "force"])
+@pytest.mark.parametrize("what,scale,kwargs", DIVERGING, ids=["weights", "loss", "loss-first"])
+def test_unstable_serial_training_names_the_step_and_cause_serial_names(solve, what, scale, kwargs):
+    X, y = make_linear(128, 4, 1, seed=0)
+    with pytest.raises(TrainingDiverged) as want:
+        SerialTrainer((8,), **kwargs).fit(X * scale, y, steps=64)
+    assert want.value.what == what  # the run diverges for the cause it is meant to
+    trainer = MGRITTrainer((8,), **kwargs, solver={"levels": 2, "cfactor": 4}, engine={"scheduler": "inprocess"})
+    with dask.config.set({"daskann.mgrit.solve": solve}), pytest.raises(TrainingDiverged) as got:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", MGRITDidNotPay)
+            trainer.fit(X * scale, y, steps=64)
+    assert type(got.value) is TrainingDiverged and str(got.value) == str(want.value)
 
 
 def test_grid_bench_rows_and_table():

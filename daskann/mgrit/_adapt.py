@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from daskann._blas import one_blas_thread
-from daskann.exceptions import DivergenceCause, TrainingDiverged
+from daskann.exceptions import TrainingDiverged
 from daskann.mgrit import workmodel
 from daskann.mgrit._run import SERIES, IterationRecord, series
 from daskann.mgrit.solver import MGRITResult
@@ -151,7 +151,7 @@ def finish_serially(prop, layout, start: int, vector: np.ndarray, n_steps: int, 
     Raises
     ------
     TrainingDiverged
-        Serial training itself became non-finite (the training step named).
+        Serial training itself became non-finite (the step and the cause serial training names).
     """
     vector = np.array(vector)
     velocity = None
@@ -159,9 +159,9 @@ def finish_serially(prop, layout, start: int, vector: np.ndarray, n_steps: int, 
         for i in range(start, n_steps):
             if i == n_steps - 1 and not prop.velocity:
                 velocity = prop.gradient(layout.unpack(vector), i)
-            prop.step_flat(vector, i, i + 1, 0, out=vector)  # fine_step's arithmetic, in place
-            if not math.isfinite(vector.sum()):  # a sum is non-finite where any term is (or it overflows)
-                raise TrainingDiverged(step_offset + i + 1, DivergenceCause.of(weights=False).what)
+            cause = prop.serial_step(vector, i)  # fine_step's arithmetic, in place
+            if cause:
+                raise TrainingDiverged(step_offset + i + 1, cause.what)
     return tuple(np.array(a) for a in layout.unpack(vector)), velocity
 
 

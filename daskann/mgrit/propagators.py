@@ -49,6 +49,7 @@ from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, remote_call
 from daskann._validation import CoarsePropagator, check_choice, check_float, check_int, invalid, option_name
 from daskann.data import BatchOrder
+from daskann.exceptions import DivergenceCause
 from daskann.mgrit.problem import Propagator
 from daskann.nn import LOSSES, MLP, SGD
 
@@ -292,13 +293,16 @@ class SGDPropagator(Propagator):
         return rows
 
     def _gradients(self, params, rows) -> list[np.ndarray]:
+        return self._loss_and_gradients(params, rows)[1]
+
+    def _loss_and_gradients(self, params, rows) -> tuple[float, list[np.ndarray]]:
         # one network object per thread: the threaded scheduler runs tasks side by side
         net = getattr(self._local, "net", None)
         if net is None:
             net = self._local.net = self._network(params)
         net.weights, net.biases = self._unzip(params)
-        _value, grad_w, grad_b = net.loss_and_gradients(self.X[rows], self.y[rows], self.loss)
-        return net.interleave(grad_w, grad_b)
+        value, grad_w, grad_b = net.loss_and_gradients(self.X[rows], self.y[rows], self.loss)
+        return value, net.interleave(grad_w, grad_b)
 
     def _descend(self, params, grads, velocity) -> None:
         if self.velocity:
@@ -342,6 +346,22 @@ class SGDPropagator(Propagator):
         for _ in range(self.repeats):
             self._scaled_inplace(params, velocity if self.velocity else [None] * len(params), start, stop, level)
         return out
+
+    def serial_step(self, vector: np.ndarray, step: int) -> DivergenceCause:
+        """Training step ``step`` on the flat state ``vector`` in place, checked as :class:`SerialTrainer` checks it.
+
+        Returns what became NaN or Inf (:attr:`~DivergenceCause.FINITE` when nothing did). A loss
+        that is not finite ends the step before the weights change, as it ends serial training.
+        """
+        params, velocity = self._views(vector)
+        value, grads = self._loss_and_gradients(params, self.rows(step))
+        if not math.isfinite(value):
+            return DivergenceCause.of(loss=False)
+        self._descend(params, grads, velocity)
+        # a sum is finite where every entry is; one that is not may only have overflowed
+        if math.isfinite(vector.sum()) or all(np.isfinite(p).all() for p in params):
+            return DivergenceCause.FINITE
+        return DivergenceCause.of(gradients=all(np.isfinite(g).all() for g in grads), weights=False)
 
     def fine_step(self, state, step: int) -> tuple:
         """One training step from point ``step``, as :class:`SerialTrainer` does it."""
