@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from conftest import no_tasks_submitted, restore_workers, scheduler_watch
+from distributed import get_worker
 
 from daskann import SerialTrainer, TrainingDiverged
 from daskann.data import make_linear
@@ -308,7 +309,8 @@ def test_a_worker_lost_while_its_blocks_are_read_is_a_resident_error(client4, re
     )
     state, victim = result.state, grid.owner(1, 0)
     try:
-        reads = state._each(lambda cells: time.sleep(2.0), tag="slow-read")
+        # the victim's read lasts until its worker dies, whenever that is; the others end at once
+        reads = state._each(lambda cells: time.sleep(60 if get_worker().address == victim else 0), tag="read")
         os.kill(client4.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
         deadline = time.monotonic() + 30
         while not all(f.done() for f in reads):  # the victim's read cancelled, the others finished
