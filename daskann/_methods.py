@@ -34,8 +34,9 @@ class Method:
         runs (``None``: no benchmark).
     demo : str
         ``"module:function"`` that ``daskann demo`` calls with a client; it returns a summary dict.
-    planned : bool
-        Whether ``daskann plan`` predicts it (its models live in :mod:`daskann.plan`).
+    planner : str or None
+        ``"module:Class"`` of its :class:`~daskann.plan._planners.MethodPlanner`, through which
+        ``daskann plan`` predicts, calibrates and validates it (``None``: not planned).
     estimator_checks : tuple of two dicts
         Keywords that, added to the tests' small classifier and regressor settings, make the
         trainers that scikit-learn's ``check_estimator`` runs on.
@@ -48,8 +49,13 @@ class Method:
     train_command: str | None = None
     bench_command: str | None = None
     demo: str = ""
-    planned: bool = False
+    planner: str | None = None
     estimator_checks: tuple[dict, dict] = field(default=({}, {}))
+
+    @property
+    def planned(self) -> bool:
+        """Whether ``daskann plan`` predicts it."""
+        return self.planner is not None
 
     def trainer_class(self) -> type:
         """The trainer class, imported now."""
@@ -77,7 +83,7 @@ METHODS = (
         train_command="daskann.npt.cli:train_command",
         bench_command="daskann.npt.cli:bench_command",
         demo="daskann.npt.demo:run_demo",
-        planned=True,
+        planner="daskann.plan._planners:NPTPlanner",
         # graph mode costs a scheduler round trip per block product: it runs the classifier's shorter fits
         estimator_checks=({"grid": "1x2", "mode": "graph"}, {"grid": "1x2", "mode": "resident"}),
     ),
@@ -89,7 +95,7 @@ METHODS = (
         train_command="daskann.mgrit.cli:train_command",
         bench_command="daskann.mgrit.cli:bench_command",
         demo="daskann.mgrit.demo:run_demo",
-        planned=True,
+        planner="daskann.plan._planners:MGRITPlanner",
     ),
     Method(
         "partition",
@@ -99,7 +105,7 @@ METHODS = (
         train_command="daskann.partition.cli:train_command",
         bench_command="daskann.partition.cli:bench_command",
         demo="daskann.partition.demo:run_demo",
-        planned=True,
+        planner="daskann.plan._planners:PartitionPlanner",
     ),
 )
 #: the methods by name

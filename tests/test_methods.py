@@ -28,6 +28,15 @@ def test_an_entry_names_its_commands_and_demo(method):
     assert not method.demo or callable(load(method.demo))
 
 
+@pytest.mark.parametrize("method", [m for m in METHODS if m.planned], ids=lambda m: m.name)
+def test_a_planned_entry_names_a_concrete_planner_of_its_method(method):
+    from daskann.plan._planners import MethodPlanner
+
+    cls = load(method.planner)
+    assert issubclass(cls, MethodPlanner) and not inspect.isabstract(cls)
+    assert cls.name == method.name
+
+
 def test_every_method_is_listed_once_and_the_planner_reads_the_list():
     assert list(BY_NAME) == [m.name for m in METHODS]
     assert PLANNED == tuple(m.name for m in METHODS if m.planned)

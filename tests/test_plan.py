@@ -348,25 +348,34 @@ def test_validate_on_two_workers(client2, monkeypatch):
 
 
 def test_validated_steps_grow_until_a_run_lasts_long_enough():
-    from daskann.plan._runs import _at_steps, _Check, _long_enough, _predict
+    from daskann.plan._planners import MGRITPlanner, NPTPlanner, PartitionPlanner
+    from daskann.plan._runs import _at_steps, _Check, _long_enough
 
-    npt = _Check("npt", NET, predict_npt(NET, SYNTHETIC, 2).config)
-    longer = _long_enough(npt, SYNTHETIC, 2, 0.25, seconds=0.1)
+    npt_planner = NPTPlanner(finetune_fraction=0.25)
+    npt = _Check(npt_planner, NET, predict_npt(NET, SYNTHETIC, 2).config)
+    longer = _long_enough(npt, SYNTHETIC, 2, seconds=0.1)
+
+    def predicted(check):
+        return check.planner.seconds(check.net, check.config, SYNTHETIC, 2)
+
     # NPT's time is linear in its steps: scaled once, exactly far enough
-    assert _predict(npt, SYNTHETIC, 2, 0.25) < 0.01
-    assert longer.net.steps == math.ceil(NET.steps * 0.1 / _predict(npt, SYNTHETIC, 2, 0.25))
-    assert _predict(longer, SYNTHETIC, 2, 0.25) >= 0.1 and longer.config == npt.config
+    assert predicted(npt) < 0.01
+    assert longer.net.steps == math.ceil(NET.steps * 0.1 / predicted(npt))
+    assert predicted(longer) >= 0.1 and longer.config == npt.config
     # prediction and measurement count the same steps: partition's phases split the validated ones
-    part = _long_enough(_Check("partition", NET, predict_partition(NET, SYNTHETIC, 2).config), SYNTHETIC, 2, 0.25, 0.1)
+    partition_planner = PartitionPlanner(finetune_fraction=0.25)
+    part = _Check(partition_planner, NET, predict_partition(NET, SYNTHETIC, 2).config)
+    part = _long_enough(part, SYNTHETIC, 2, 0.1)
     assert part.config["sub_steps"] + part.config["finetune_steps"] == part.net.steps > NET.steps
-    assert _predict(part, SYNTHETIC, 2, 0.25) >= 0.1
+    assert predicted(part) >= 0.1
     # MGRIT's steps double and its iterations grow from its pilot's, as the plan grows them
     config = {"preset": "solver2", "levels": 2, "cfactor": 4, "iterations": 3}
     config.update(pilot_iterations=3, pilot_steps=100)
-    mgrit = _at_steps(_Check("mgrit", NET, config), 400, 0.25)
+    mgrit = _at_steps(_Check(MGRITPlanner(finetune_fraction=0.25), NET, config), 400)
     assert mgrit.config["iterations"] == 5 and mgrit.net.steps == 400
+    assert MGRITPlanner().grown_steps(100, 0.01, 1.0) == 200
     # a run never grows past 64 times the planned steps
-    assert _long_enough(npt, SYNTHETIC, 2, 0.25, seconds=1e9).net.steps == 64 * NET.steps
+    assert _long_enough(npt, SYNTHETIC, 2, seconds=1e9).net.steps == 64 * NET.steps
 
 
 def test_mgrit_task_cost_calibrated_per_configuration(client2):

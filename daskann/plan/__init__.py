@@ -18,12 +18,12 @@ if TYPE_CHECKING:
         Network,
         Prediction,
         paper_potential_speedup,
-        plan,
         predict_mgrit,
         predict_npt,
         predict_partition,
         serial_step_seconds,
     )
+    from daskann.plan._planners import plan
     from daskann.plan._report import METHODS
 
 __all__ = [
@@ -54,7 +54,7 @@ __getattr__, __dir__ = _attach(
         "load_cluster": "daskann.plan._cluster",
         "measure_cluster": "daskann.plan._measure",
         "paper_potential_speedup": "daskann.plan._model",
-        "plan": "daskann.plan._model",
+        "plan": "daskann.plan._planners",
         "predict_mgrit": "daskann.plan._model",
         "predict_npt": "daskann.plan._model",
         "predict_partition": "daskann.plan._model",

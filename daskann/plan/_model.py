@@ -37,7 +37,7 @@ from daskann.mgrit._plan import Planner, block_sizes
 from daskann.mgrit.presets import resolve_preset
 from daskann.npt.costmodel import CostModel, candidate_grids
 from daskann.plan._cluster import ClusterSpec
-from daskann.plan._report import FINETUNE_FRACTION, METHODS
+from daskann.plan._report import FINETUNE_FRACTION
 
 #: MGRIT iterations added per doubling of the steps beyond the pilot's
 ITERATION_GROWTH_PER_DOUBLING = 1.0
@@ -381,34 +381,3 @@ def partition_config(net: Network, k: int, finetune_fraction: float = FINETUNE_F
     """``k`` and the steps :func:`partition_seconds` splits ``net.steps`` into: sub-models' and fine-tuning's."""
     finetune = max(1, round(finetune_fraction * net.steps))
     return {"k": k, "sub_steps": max(net.steps - finetune, 1), "finetune_steps": finetune}
-
-
-# -- all methods ------------------------------------------------------------------------------
-def plan(
-    net: Network,
-    cluster: ClusterSpec,
-    *,
-    methods=METHODS,
-    mgrit_configs_: list[dict] | None = None,
-    finetune_fraction: float = FINETUNE_FRACTION,
-) -> dict:
-    """Every method's prediction on every worker count of ``cluster``, and the fastest of all.
-
-    Returns
-    -------
-    dict
-        ``{"predictions": [Prediction.to_dict(), ...], "best": {...}}``.
-    """
-    rows = []
-    for method in methods:
-        for p in cluster.workers:
-            if method == "npt":
-                row = predict_npt(net, cluster, p)
-            elif method == "mgrit":
-                row = predict_mgrit(net, cluster, p, mgrit_configs_ or [])
-            else:
-                row = predict_partition(net, cluster, p, finetune_fraction=finetune_fraction)
-            if row is not None:
-                rows.append(row.to_dict())
-    best = min(rows, key=lambda r: r["seconds"]) if rows else {}
-    return {"predictions": rows, "best": best}

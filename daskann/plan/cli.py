@@ -67,7 +67,7 @@ def plan_command(ctx, **opts):
     from a profile's typical values (--profile slurm); a profile without them
     (no 'plan:' mapping) starts its worker jobs and measures them.
     """
-    from daskann.plan._model import plan
+    from daskann.plan._planners import plan_with, planners
 
     settings = _check(opts)
     if opts["method"] is None and not (opts["measure"] or opts["validate"] or opts["cluster_file"]):
@@ -78,12 +78,14 @@ def plan_command(ctx, **opts):
         if opts["method"] is None:
             return None
     net, hidden, X, y, train = _problem(opts, settings)
+    method_planners = planners(methods, finetune_fraction=settings["finetune"])
+    for planner in method_planners:  # MGRIT's pilot solves (or its configurations at --iterations)
+        planner.prepare(net, hidden, X, y, train, iterations=opts["iterations"])
     if opts["validate"]:
-        return _validate(opts, net, hidden, X, y, train, methods, settings["finetune"])
-    configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
-    cluster, configs = _cluster(opts, net, configs)
+        return _validate(opts, net, hidden, X, y, train, method_planners)
+    cluster = _cluster(opts, net, method_planners)
 
-    result = plan(net, cluster, methods=methods, mgrit_configs_=configs, finetune_fraction=settings["finetune"])
+    result = plan_with(net, cluster, method_planners)
     if opts["plot"] is not None and result["predictions"]:
         plot_speedup(result, opts["plot"])
     if opts["as_json"]:
@@ -178,24 +180,26 @@ def _problem(opts: dict, settings: dict):
     return net, hidden, X, y, train
 
 
-def _cluster(opts: dict, net=None, configs=()):
-    """The cluster to predict for, and the MGRIT ``configs`` with their task costs where it is the live one."""
+def _cluster(opts: dict, net=None, method_planners=()):
+    """The cluster to predict for; where it is the live one, each method's own costs are timed on it too."""
     from daskann.cluster import close
     from daskann.plan._cluster import load_cluster, profile_cluster
-    from daskann.plan._measure import calibrate_mgrit, measure_cluster
+    from daskann.plan._measure import measure_cluster
 
     if opts["cluster_file"] is not None:
-        return load_cluster(opts["cluster_file"]), list(configs)
+        return load_cluster(opts["cluster_file"])
     if opts["profile"] is not None and opts["address"] is None and not opts["measure"]:
         typical = profile_cluster(opts["profile"], missing_ok=True)
         if typical is not None:
-            return typical, list(configs)
+            return typical
         # a site profile without typical values: start its cluster and measure it
 
     client = connect(opts, quiet=True)
     try:
         cluster = measure_cluster(client, net=net)  # pilots of the net planned for
-        return cluster, calibrate_mgrit(client, cluster, net, list(configs))
+        for planner in method_planners:
+            planner.calibrate(client, cluster, net)  # MGRIT's task cost on each configuration's graphs
+        return cluster
     finally:
         close(client)
 
@@ -215,23 +219,13 @@ def _measure(opts: dict) -> None:
         click.echo(f"wrote {path}: " + ", ".join(f"{k}={v}" for k, v in cluster.to_dict().items()))
 
 
-def _mgrit_configs(opts: dict, net, hidden, X, y, train) -> list[dict]:
-    from daskann.plan._model import mgrit_configs
-    from daskann.plan._runs import pilot_configs
-
-    if opts["iterations"] is not None:
-        return [{**c, "iterations": opts["iterations"]} for c in mgrit_configs(net.steps)]
-    return pilot_configs(hidden, X, y, train, net.steps)
-
-
-def _validate(opts: dict, net, hidden, X, y, train, methods, finetune: float) -> None:
+def _validate(opts: dict, net, hidden, X, y, train, method_planners) -> None:
     from daskann.cluster import close
     from daskann.plan._runs import validate
 
-    configs = _mgrit_configs(opts, net, hidden, X, y, train) if "mgrit" in methods else []
     client = connect(opts, quiet=True)
     try:
-        rows, cluster = validate(client, net, hidden, X, y, train, configs, methods=methods, finetune_fraction=finetune)
+        rows, cluster = validate(client, net, hidden, X, y, train, method_planners)
     finally:
         close(client)
     if opts["as_json"]:
