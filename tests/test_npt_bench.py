@@ -258,7 +258,8 @@ def test_graph_rows_run_the_pipeline_they_name(client2, monkeypatch):
             return self
 
     monkeypatch.setattr(bench, "NPTTrainer", Recording)
-    table = bench.run(client2, config, log=lambda *_: None)["table"]
+    result = bench.run(client2, config, log=lambda *_: None)
+    table = result["table"]
     # in the order of bench.MODES; "graph" runs the pipeline graph mode picks for this small net
     assert [r["mode"] for r in table if r["mode"] != "serial"] == [
         "graph",
@@ -267,6 +268,18 @@ def test_graph_rows_run_the_pipeline_they_name(client2, monkeypatch):
         "graph-double",
     ]
     assert pipelines == ["fused", "fused", "single", "double"]
+    # each row beside the cost model's step for the pipeline it ran: the model's ranking can be checked
+    model = CostModel(**{**result["cost_model"], "flop_rate": _rates(result["cost_model"])})
+    sizes = tuple(int(s) for s in table[0]["sizes"].split("-"))
+    predicted = [model.predict(sizes, 32, (1, 2), mode="graph", chains=c) for c in (0, 0, 1, 2)]
+    assert [r["predicted_s"] for r in table if r["mode"] != "serial"] == predicted
+    assert predicted[0] < predicted[2]  # a task per block product costs more than it hides on a net this small
+    assert " model" in npt_output.format_table(table).splitlines()[0]
+
+
+def _rates(cost_model: dict) -> dict:
+    """A cost model's ``flop_rate`` as :meth:`CostModel.to_dict` wrote it (worker counts as strings)."""
+    return {int(p): rate for p, rate in cost_model["flop_rate"].items()}
 
 
 def test_bench_modes_name_the_valid_ones():

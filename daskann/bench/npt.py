@@ -19,7 +19,11 @@ net's rows the faster of the probes just before and just after the row, since
 a shared machine's speed drifts over a run of several minutes.
 
 It also asks the cost model which grid ``grid="auto"`` would take for each
-net and compares that grid's measured time with the best measured one.
+net and compares that grid's measured time with the best measured one. Every
+NPT row carries the cost model's step for the grid, mode and pipeline it ran
+(``predicted_s``; the table's ``model`` column is predicted over measured), so
+that rows such as ``graph-fused``, ``graph-single`` and ``graph-double`` show
+whether the model ranks the pipelines as the cluster does.
 """
 
 from __future__ import annotations
@@ -245,6 +249,8 @@ class _Sweep:
     config: BenchConfig
     n_workers: int
     log: Callable
+    #: the cluster's cost model, measured at the start: each NPT row carries its prediction
+    cost: costmodel.CostModel | None = None
     table: list = field(default_factory=list)
     plans: dict = field(default_factory=dict)
     #: net -> [(serial, 1x1 resident) seconds per step], timed in turn
@@ -332,12 +338,28 @@ class _Sweep:
             # workers' own step times (arithmetic plus messages and waiting, slowest worker) instead
             busy = h["compute_time"].values[warmup:] + h["comm_time"].values[warmup:]
             seconds = float(np.nanmedian(busy)) if busy.size else seconds
+        extra["predicted_s"] = self.predicted(net, t)
         if grid == "auto":
             grid, mode = f"{t.grid_.rows}x{t.grid_.cols}", f"auto-{t.mode_}"
         row = self.record(net, grid, mode, seconds, extra, fit=(fit_s, steps + warmup))
         if breakdown:
             self.breakdowns.append(npt_breakdown.collect(row, t.worker_times_, warmup))
         return row
+
+    def predicted(self, net: _Net, trainer: NPTTrainer) -> float:
+        """The cost model's seconds per step for the grid, mode and pipeline ``trainer`` ran (NaN without a model)."""
+        if self.cost is None:
+            return float("nan")
+        pipeline = trainer.history_.attrs.get("pipeline")
+        return self.cost.predict(
+            net.sizes,
+            net.batch,
+            (trainer.grid_.rows, trainer.grid_.cols),
+            mode=trainer.mode_,
+            itemsize=np.dtype(self.config.dtype).itemsize,
+            n_workers=self.n_workers,
+            chains=None if pipeline is None else CHAINS[pipeline],
+        )
 
     def peer(self, net: _Net, grid: str, steps: int, warmup: int | None = None) -> dict:
 
@@ -366,7 +388,7 @@ def run(client, config: BenchConfig | None = None, *, log=print) -> dict:
     rates = [gemm_rate(client, config.gemm_size, config.dtype)]
     log(f"single-thread GEMM, n={config.gemm_size}: {rates[0] / 1e9:.3g} GFLOP/s")
     t0 = time.perf_counter()
-    cost = costmodel.measure(client)
+    cost = sweep.cost = costmodel.measure(client)
     probe_s = time.perf_counter() - t0
     log(f"cost model ({probe_s:.3g} s): {json.dumps(cost.to_dict())}")
     _paper_nets(sweep, cost)

@@ -18,16 +18,23 @@ def format_table(table: list[dict]) -> str:
     """The table as text: ``ms/step`` the steady step, ``setup s`` the rest of the fit, ``E hw`` against the bound."""
     head = (
         f"{'net':>15} {'sizes':>16} {'batch':>5} {'grid':>5} {'p':>2} {'mode':>13} {'ms/step':>10} "
-        f"{'setup s':>8} {'speedup':>8} {'E':>6} {'E hw':>6} {'vs peer':>8} {'vs serial':>9}"
+        f"{'setup s':>8} {'speedup':>8} {'E':>6} {'E hw':>6} {'vs peer':>8} {'vs serial':>9} {'model':>7}"
     )
     lines = [head]
     for r in table:
         lines.append(
             f"{r['net']:>15} {r['sizes']:>16} {r['batch']:>5} {r['grid']:>5} {r['p']:>2} {r['mode']:>13} "
             f"{r['time_per_step'] * 1e3:>10.3f} {fmt(r.get('setup_s')):>8} {r['speedup']:>8.3g} "
-            f"{r['efficiency']:>6.3g} {fmt(r.get('hw_efficiency')):>6} {r['vs_peer']:>8.3g} {r['vs_serial']:>9.3g}"
+            f"{r['efficiency']:>6.3g} {fmt(r.get('hw_efficiency')):>6} {r['vs_peer']:>8.3g} {r['vs_serial']:>9.3g} "
+            f"{fmt(_model_ratio(r)):>7}"
         )
     return "\n".join(lines)
+
+
+def _model_ratio(row: dict) -> float | None:
+    """The cost model's predicted step over the measured one (1: exact; none for rows it does not predict)."""
+    predicted = row.get("predicted_s")
+    return None if predicted is None or predicted != predicted else predicted / row["time_per_step"]
 
 
 def write_outputs(result: dict, out_dir) -> dict:

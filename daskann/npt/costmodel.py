@@ -137,9 +137,21 @@ class CostModel:
 
     # -- predictions -----------------------------------------------------------------
     def predict(
-        self, sizes, batch_size: int, grid_shape, *, mode: str, itemsize: int = 8, n_workers: int | None = None
+        self,
+        sizes,
+        batch_size: int,
+        grid_shape,
+        *,
+        mode: str,
+        itemsize: int = 8,
+        n_workers: int | None = None,
+        chains: int | None = None,
     ) -> float:
-        """Predicted seconds per training step of ``sizes`` on a ``rows x cols`` grid."""
+        """Predicted seconds per training step of ``sizes`` on a ``rows x cols`` grid.
+
+        ``chains`` is graph mode's pipeline (accumulation chains per block product: 0 fused, 1
+        single, 2 double); ``None`` takes the one graph mode picks (:func:`pipeline_chains`).
+        """
         rows, cols = grid_shape
         cells = rows * cols
         workers = min(cells, n_workers or self.n_workers)
@@ -165,7 +177,8 @@ class CostModel:
         if mode != "graph":
             raise invalid("mode", mode, "'graph' or 'resident'")
         steps = _segments(rows, cols)
-        chains = pipeline_chains(sizes, batch_size, grid_shape)
+        if chains is None:
+            chains = pipeline_chains(sizes, batch_size, grid_shape)
         per_cell = {0: 1, 1: steps, 2: steps + (1 if steps > 1 else 0)}[chains]
         hops_per_product = {0: 1, 1: steps, 2: (steps + 1) // 2 + (1 if steps > 1 else 0)}[chains]
         tasks = len(products) * cells * per_cell + cells + n_layers * cols
