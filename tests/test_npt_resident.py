@@ -27,7 +27,15 @@ from daskann.npt import NPTTrainer
 from daskann.npt._exchange import ExchangeAborted, ExchangeTimeout, Mailbox, open_namespaces
 from daskann.npt._resident_layout import Layout
 from daskann.npt.grid import ProcessGrid
-from daskann.npt.resident import ResidentError, RunStart, _gather_on, _payload, exchange_latency, train_resident
+from daskann.npt.resident import (
+    ResidentError,
+    RunStart,
+    _gather_on,
+    _payload,
+    current_workers,
+    exchange_latency,
+    train_resident,
+)
 
 TOL = 1e-10
 #: (loss, activation, output) of the equality tests
@@ -323,6 +331,40 @@ def test_a_worker_lost_while_its_blocks_are_read_is_a_resident_error(client4, re
         restore_workers(client4, 4)
 
 
+def test_a_worker_gone_before_a_stretch_begins_is_replayed(client4, regression, tmp_path, monkeypatch):
+    # a batch job's worker can end between two stretches, after the grid was chosen: the next stretch
+    # finds it gone before any cell starts, which is a lost worker (replayed from the checkpoint), not bad input
+    from daskann.npt import _resident_run
+
+    X, y = regression
+    kwargs = dict(lr=0.05, batch_size=16, seed=6, sgd={"momentum": 0.9})
+    train, calls = _resident_run.train_resident, []
+
+    def second_stretch_after_a_worker_left(client, grid, **settings):
+        calls.append(grid)
+        if len(calls) == 2:
+            victim = grid.owner(1, 0)
+            os.kill(client.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while victim in current_workers(client):
+                assert time.monotonic() < deadline, f"{victim} still in the cluster"
+                time.sleep(0.05)
+        return train(client, grid, **settings)
+
+    monkeypatch.setattr(_resident_run, "train_resident", second_stretch_after_a_worker_left)
+    trainer = NPTTrainer(
+        (8,), grid="2x2", mode="resident", client=client4, checkpoint={"dir": tmp_path, "every": 6}, **kwargs
+    )
+    try:
+        trainer.fit(X, y, steps=12)
+    finally:
+        restore_workers(client4, 4)
+    assert trainer.recoveries_ == 1 and calls[0].owner(1, 0) not in trainer.grid_.workers
+    serial = SerialTrainer((8,), **kwargs).fit(X, y, steps=12)
+    assert max(_rel(a, b) for a, b in zip(trainer.model_.params, serial.model_.params, strict=True)) < TOL
+    np.testing.assert_allclose(trainer.history_["loss"].values, serial.history_["loss"].values, rtol=1e-12)
+
+
 @pytest.mark.parametrize("shape", ["2x2", "1x1"])
 def test_divergence_stops_with_the_last_finite_state(client4, regression, shape):
     X, y = regression
@@ -374,7 +416,8 @@ def test_bad_input_fails_before_any_task(client4, regression):
         with pytest.raises(ValueError, match="timeout"):
             train_resident(client4, grid, **setup, stop=2, run_id="daskann-npt-test-bad", timeout=0)
         ghost = ProcessGrid.from_workers("1x2", [grid.workers[0], "tcp://127.0.0.1:1"])
-        with pytest.raises(ValueError, match="grid"):
+        # a grid worker not in the cluster has left it, as far as the run can tell: its trainer replays
+        with pytest.raises(ResidentError, match=r"worker tcp://127.0.0.1:1 \(cells .*\) is not in the cluster"):
             train_resident(client4, ghost, **setup, stop=2, run_id="daskann-npt-test-bad")
 
 

@@ -272,8 +272,8 @@ def train_resident(
     Raises
     ------
     ResidentError
-        When a worker leaves the cluster, a block does not arrive within ``timeout`` seconds, or a
-        cell fails; never hangs.
+        When a worker of the grid is not in the cluster at the start or leaves it, a block does not
+        arrive within ``timeout`` seconds, or a cell fails; never hangs.
     """
     model, velocity, previous = start.model, start.velocity, start.state
     timeout, first, stop = _check_stretch(timeout, start.step, stop, run_id)
@@ -291,7 +291,7 @@ def train_resident(
     layout = Layout.build(grid, sizes, order.batch_size)
     if previous is not None and previous.layout != layout:
         raise invalid("previous", "a state on another grid", "the state of a resident run on this grid")
-    _check_workers(client, layout)
+    _check_workers(client, layout, run_id)
     ensure_plugin(client)
     run = ResidentRun.build(run_id, layout, settings, dtype, order, first, stop, timeout, eval_fn)
     payloads = _payloads(
@@ -352,10 +352,13 @@ def current_workers(client) -> list[str]:
     return list(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
 
 
-def _check_workers(client, layout: Layout) -> None:
+def _check_workers(client, layout: Layout, run_id: str) -> None:
+    # the caller chose the grid from the workers there were, so one missing now has most likely left (a
+    # batch job that ended between two stretches): a lost worker, which the trainer replays, as in the run
     missing = workers_left(client, layout.workers, listed=current_workers)
     if missing:
-        raise invalid("grid", f"a grid on {', '.join(missing)}", "a grid whose workers are all in the cluster now")
+        described = "; ".join(f"worker {w} (cells {_cells(layout, w)})" for w in missing)
+        raise ResidentError(f"resident run {run_id} cannot start: {described} is not in the cluster")
 
 
 def _payload(layout: Layout, worker: str, model: MLP | None, velocity, X, y, loss: str, read=None) -> dict:
