@@ -204,7 +204,9 @@ def _overlap(chunks, lo: int, hi: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _assemble(blocks, row_cuts, col_cuts, dtype):
+def _assemble(blocks, row_cuts, col_cuts, shape, dtype):
+    if 0 in shape:  # an empty slice (a band of no columns, say) meets no chunk
+        return np.empty(shape, dtype=dtype)
     rows = []
     for line, (_, r0, r1) in zip(blocks, row_cuts, strict=True):
         if col_cuts is None:
@@ -236,7 +238,8 @@ def materialize(client, array, *, key: str, rows=None, cols=None, workers=None):
         col_cuts = _overlap(array.chunks[1], c0, c1)
         blocks = [[futures[keys[i, j]] for j, _, _ in col_cuts] for i, _, _ in row_cuts]
     placement = {} if workers is None else {"workers": workers, "allow_other_workers": False}
-    return client.submit(_assemble, blocks, row_cuts, col_cuts, array.dtype, key=key, pure=False, **placement)
+    shape = (r1 - r0,) if array.ndim == 1 else (r1 - r0, c1 - c0)
+    return client.submit(_assemble, blocks, row_cuts, col_cuts, shape, array.dtype, key=key, pure=False, **placement)
 
 
 def remote_call(func, *args, **kwargs):

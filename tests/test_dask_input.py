@@ -73,6 +73,12 @@ def _from_zarr(tmp_path, X, y):
 def _trainers(client2, client4):
     yield "npt-graph-2x2", NPTTrainer, {"grid": (2, 2), "mode": "graph", "client": client4}
     yield "npt-resident-2x2", NPTTrainer, {"grid": (2, 2), "mode": "resident", "client": client4}
+    # a virtual 6x6 grid: some bands of the 5 outputs (and of the targets) hold no column
+    yield (
+        "npt-resident-2x3",
+        NPTTrainer,
+        {"grid": (2, 3), "mode": "resident", "engine": {"share_workers": True}, "client": client4},
+    )
     yield "mgrit", MGRITTrainer, {"solver": {"levels": 2, "cfactor": 4}, "client": client2}
     yield (
         "mgrit-auto-cap",
@@ -87,7 +93,15 @@ def _trainers(client2, client4):
     )
 
 
-TRAINERS = ["npt-graph-2x2", "npt-resident-2x2", "mgrit", "mgrit-auto-cap", "partition", "partition-npt"]
+TRAINERS = [
+    "npt-graph-2x2",
+    "npt-resident-2x2",
+    "npt-resident-2x3",
+    "mgrit",
+    "mgrit-auto-cap",
+    "partition",
+    "partition-npt",
+]
 
 
 @pytest.mark.filterwarnings("ignore::daskann.exceptions.MGRITDidNotPay")  # short MGRIT runs do not pay
