@@ -17,6 +17,7 @@ from distributed import get_task_stream
 from daskann import MLP, NPTTrainer, SerialTrainer
 from daskann.data import make_linear
 from daskann.nn import init_bias_block, init_weight_block
+from daskann.npt._run import RunStart
 from daskann.npt.graph_mode import GraphEngine
 from daskann.npt.grid import ProcessGrid
 
@@ -94,7 +95,7 @@ def test_graph_mode_births_serial_weights_on_every_grid(client4, grid, share, ch
     settings = {"dtype": "float64", "loss": "mse", "output": "linear"}
     engine = GraphEngine(client4, grid, sizes=SIZES, settings=settings, prefix="daskann-npt-test-born", chains=chains)
     with get_task_stream(client4) as stream:
-        state = engine.born_state(9)
+        state = engine.start_state(RunStart(seed=9))
         model, velocity = state.gather({k: getattr(serial, k) for k in ("activation", "output", "negative_slope")})
     assert all(np.array_equal(a, b) for a, b in zip(model.params, serial.params, strict=True))
     assert all(not v.any() for v in velocity) and [v.shape for v in velocity] == [p.shape for p in serial.params]

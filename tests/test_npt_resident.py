@@ -31,7 +31,7 @@ from daskann.npt.resident import (
     ResidentError,
     RunStart,
     _gather_on,
-    _payload,
+    _payloads,
     current_workers,
     exchange_latency,
     train_resident,
@@ -217,8 +217,7 @@ def test_each_worker_gets_only_its_column_bands(regression):
     model, velocity = setup["start"].model, setup["start"].velocity
     layout = Layout.build(grid, model.sizes, 16)
     weights = 0
-    for worker in grid.workers:
-        payload = _payload(layout, worker, model, velocity, setup["X"], setup["y"], "mse")
+    for _, payload in _payloads(layout, model, velocity, setup["X"], setup["y"], "mse"):
         # one column band of X (all samples: any row may be in a batch), never all of X
         assert sum(band.shape[1] for band in payload["X"].values()) in (3, 4)
         assert all(band.shape[0] == X.shape[0] for band in payload["X"].values())

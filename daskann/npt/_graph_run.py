@@ -119,14 +119,7 @@ class _Attempt:
                 if run.validation is not None
                 else None
             )
-            if start.from_seed:
-                self.states[0] = engine.born_state(start.seed)
-            elif start.state is not None:
-                self.states[start.step] = start.state
-            elif start.path is not None:
-                self.states[start.step] = engine.stored_state(start.path, start.step)
-            else:
-                self.states[start.step] = engine.scatter_state(start.model, start.velocity, start.step)
+            self.states[0 if start.from_seed else start.step] = engine.start_state(start)
         except OSError as exc:
             raise WorkerLost(f"scattering to the grid failed ({exc})", None) from exc
         except KeyError as exc:

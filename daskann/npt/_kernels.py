@@ -285,14 +285,14 @@ def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):
     """Loss partial sum and ``d loss / d Z`` of a whole row panel of the output.
 
     The softmax needs whole rows of the output layer, so the blocks of one
-    grid row are put side by side first. ``n_batch`` and ``size`` are the
-    batch size and ``batch * n_outputs`` of the whole batch. Without
+    grid row are put side by side first. ``target`` is ``(all targets or
+    labels on this worker, rows of the panel)``. ``n_batch`` and ``size`` are
+    the batch size and ``batch * n_outputs`` of the whole batch. Without
     ``with_grad`` (validation) the count of correct labels comes instead.
     """
     logits = np.concatenate([operand(s) for s in z_specs], axis=1) if len(z_specs) > 1 else operand(z_specs[0])
     if loss == "cross_entropy":
-        # labels of the panel, or (all labels on this worker, rows of the panel) for data read on the workers
-        labels = target[0][target[1]] if isinstance(target, tuple) else target
+        labels = target[0][target[1]]
         n = logits.shape[0]
         shifted = logits - logits.max(axis=1, keepdims=True)
         log_norm = np.log(np.exp(shifted).sum(axis=1))
@@ -301,7 +301,7 @@ def loss_panel(z_specs, target, *, loss, n_batch, size, with_grad=True):
         if not with_grad:
             return {"loss": value, "correct": int(np.sum(np.argmax(logits, axis=1) == labels))}
         return {"g": cross_entropy_delta(shifted, log_norm, rows, labels, n_batch), "loss": value}
-    # MSE on the softmax output: ``target`` is (all targets on this worker, rows of the panel)
+    # MSE on the softmax output
     probs = softmax(logits)
     value, d_probs = squared_error(probs, target[0][target[1]], 2.0 / size if with_grad else None)
     if not with_grad:

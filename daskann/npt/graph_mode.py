@@ -34,6 +34,7 @@ import numpy as np
 from daskann._dask_input import is_dask_array, materialize
 from daskann.nn import MLP, init_bias_block, init_weight_block
 from daskann.npt import _kernels
+from daskann.npt._run import RunStart
 from daskann.npt.cannon import TrafficLedger, add_product
 from daskann.npt.grid import ProcessGrid, split_bounds
 from daskann.npt.matrix import Block, GraphBuilder, GridMatrix, block_digests, blocks_to_dask, scatter_to
@@ -133,13 +134,12 @@ class DataBands:
     next to ``X`` and copied to where the loss needs them: the band of
     output columns ``j`` to every worker of grid column ``j`` (MSE on a
     linear output), or all of ``y`` to the first worker of every grid row
-    (the row-panel loss). Integer labels stay on the client.
+    (the row-panel loss, and class labels).
     """
 
     x_bands: list  # Block per grid column of the input
     x_owners: list
-    y_keys: list | None  # [i][j]: key of the targets the loss task of cell (i, j) reads, or None
-    labels: np.ndarray | None
+    y_keys: list  # [i][j]: key of the targets the loss task of cell (i, j) reads, or None
     n_samples: int
     futures: dict = field(default_factory=dict, repr=False)
 
@@ -186,166 +186,123 @@ class GraphEngine:
 
     # -- moving state in and out ----------------------------------------------------
     def scatter_data(self, X, y, *, name: str = "data") -> DataBands:
-        """Scatter the column bands of ``X`` (and of float ``y``) to their workers."""
-        if is_dask_array(X):
-            return self.place_data(X, y, name=name)
-        data, where, futures = {}, {}, {}
-        x_bands, x_owners = [], []
-        for j, (c0, c1) in enumerate(self.col_bounds[0]):
-            key = f"{self.prefix}-{name}-X-{j}"
-            data[key] = np.ascontiguousarray(X[:, c0:c1])
-            owner = self.band_owner(j)
-            where.setdefault(owner, []).append(key)
-            x_bands.append(Block(key, data[key].shape))
-            x_owners.append(owner)
-        y_keys = labels = None
-        grid = self.grid
-        if self.settings["loss"] == "cross_entropy":
-            labels = np.asarray(y, dtype=np.int64)
-        else:
-            y_keys = [[None] * grid.cols for _ in range(grid.rows)]
-            for i in range(grid.rows):
-                for j, (c0, c1) in enumerate(self.col_bounds[-1]):
-                    if self.panel_loss and j > 0:
-                        continue
-                    owner = grid.owner(i, j)
-                    tag = "all" if self.panel_loss else j
-                    key = f"{self.prefix}-{name}-y-{tag}-{grid.workers.index(owner)}"
-                    if key not in data:
-                        data[key] = np.ascontiguousarray(y if self.panel_loss else y[:, c0:c1])
-                        where.setdefault(owner, []).append(key)
-                    y_keys[i][j] = key
-        futures = scatter_to(self.client, data, where)
-        return DataBands(x_bands, x_owners, y_keys, labels, X.shape[0], futures)
+        """The column bands of ``X``, and the targets the loss tasks read, on their workers.
 
-    def place_data(self, X, y, *, name: str = "data") -> DataBands:
-        """The layout of :meth:`scatter_data`, cut on the workers from persisted dask arrays.
-
-        Each band is one task on its owner that reads only the chunks it
-        overlaps; integer labels go, whole, to the first worker of every grid
-        row (they are small), so the client holds no data at all.
+        numpy data is cut on the client and scattered; a persisted dask array is cut on the
+        workers, one task per band on its owner that reads only the chunks it overlaps, so the
+        client holds no data at all. Float targets are small next to ``X``: band ``j`` of the
+        output columns goes to every worker of grid column ``j`` (MSE on a linear output);
+        otherwise all targets, or all class labels, go to the first worker of every grid row.
         """
-        grid, futures = self.grid, {}
+        lazy, grid = is_dask_array(X), self.grid
+        if not lazy and self.settings["loss"] == "cross_entropy":
+            y = np.asarray(y, dtype=np.int64)
+        values, where, futures = {}, {}, {}
+
+        def place(key: str, owner: str, array, cols) -> None:
+            if lazy:
+                futures[key] = materialize(self.client, array, key=key, cols=cols, workers=[owner])
+            else:
+                values[key] = np.ascontiguousarray(array if cols is None else array[:, cols[0] : cols[1]])
+                where.setdefault(owner, []).append(key)
+
         x_bands, x_owners = [], []
         for j, bounds in enumerate(self.col_bounds[0]):
             key, owner = f"{self.prefix}-{name}-X-{j}", self.band_owner(j)
-            futures[key] = materialize(self.client, X, key=key, cols=bounds, workers=[owner])
+            place(key, owner, X, bounds)
             x_bands.append(Block(key, (X.shape[0], bounds[1] - bounds[0])))
             x_owners.append(owner)
-        labels = self.settings["loss"] == "cross_entropy"
+        whole = self.panel_loss or self.settings["loss"] == "cross_entropy"
         y_keys = [[None] * grid.cols for _ in range(grid.rows)]
         for i in range(grid.rows):
-            for j, bounds in enumerate(self.col_bounds[-1]):
-                if (self.panel_loss or labels) and j > 0:
-                    continue
+            for j, bounds in enumerate(self.col_bounds[-1][: 1 if whole else None]):
                 owner = grid.owner(i, j)
-                tag = "all" if self.panel_loss or labels else j
-                key = f"{self.prefix}-{name}-y-{tag}-{grid.workers.index(owner)}"
-                if key not in futures:
-                    cols = None if labels or self.panel_loss else bounds
-                    futures[key] = materialize(self.client, y, key=key, cols=cols, workers=[owner])
+                key = f"{self.prefix}-{name}-y-{'all' if whole else j}-{grid.workers.index(owner)}"
+                if key not in values and key not in futures:
+                    place(key, owner, y, None if whole else bounds)
                 y_keys[i][j] = key
-        return DataBands(x_bands, x_owners, y_keys, None, X.shape[0], futures)
+        futures |= scatter_to(self.client, values, where)
+        return DataBands(x_bands, x_owners, y_keys, X.shape[0], futures)
 
-    def scatter_state(self, model: MLP, velocity, step: int) -> GridState:
-        """Scatter weights, biases and velocities to their cells."""
-        grid = self.grid
-        data, where = {}, {}
-        weights, velocities, biases = [], [], []
-        name = f"{self.prefix}-init{step}"
+    def start_state(self, start: RunStart) -> GridState:
+        """The state ``start`` names, on the cells (``start.state``, already there, as it is).
+
+        Seeded blocks (:mod:`daskann.nn._init`) and the blocks of a checkpoint store (of any grid, or
+        a single process) are computed, or read and verified, by a task on each block's owner that
+        takes only the seed or the path and the block's bounds: no weight passes through the client.
+        A model and velocity the client holds are cut there and scattered block by block.
+        """
+        if start.state is not None and not start.from_seed:
+            return start.state
+        dtype = self.dtype.name
+        if start.from_seed:
+            return self._placed_state(
+                f"{self.prefix}-born",
+                0,
+                lambda layer, r, c, kind: (_born_weight, start.seed, layer, self._shape(layer), r, c, dtype, kind),
+                lambda layer, c: (_born_bias, start.seed, layer, self._shape(layer), c, dtype),
+            )
+        if start.path is not None:
+            return self._placed_state(
+                f"{self.prefix}-load{start.step}",
+                start.step,
+                lambda layer, r, c, kind: (_stored_weight, start.path, layer, r, c, kind),
+                lambda layer, c: (_stored_bias, start.path, layer, c),
+            )
+        model, velocity = start.model, start.velocity
+        return self._placed_state(
+            f"{self.prefix}-init{start.step}",
+            start.step,
+            lambda layer, r, c, kind: (_held_weight, model.weights[layer], velocity[2 * layer], r, c, kind),
+            lambda layer, c: (_held_bias, model.biases[layer], velocity[2 * layer + 1], c),
+            on_client=True,
+        )
+
+    def _placed_state(self, name: str, step: int, weight, bias, *, on_client: bool = False) -> GridState:
+        """A state whose blocks ``weight(layer, rows, cols, kind)`` and ``bias(layer, cols)`` make.
+
+        Each gives ``(func, *args)``: a task on the block's owner, or with ``on_client`` a call here whose
+        value is scattered to it. ``kind`` is "w" (weights), "v" (velocity) or "wv" (both, packed).
+        """
+        builder = GraphBuilder(self.client, name)
+        values, where = {}, {}
+
+        def place(key: str, owner: str, task: tuple) -> None:
+            if key in values or key in builder.tasks:  # a packed block serves the weights and the velocity
+                return
+            if on_client:
+                values[key] = task[0](*task[1:])
+                where.setdefault(owner, []).append(key)
+            else:
+                builder.add(key, *task, owner=owner)
+
+        kinds = (("wv", "w"), ("wv", "v")) if self.packed else (("w", None), ("v", None))
+        mats, biases = ([], []), []
         for layer in range(self.n_layers):
             rows, cols = self.row_bounds[layer], self.col_bounds[layer + 1]
-            shape = model.weights[layer].shape
-            if self.packed:
-                wb, vb = [], []
-                for i, (r0, r1) in enumerate(rows):
-                    wl, vl = [], []
-                    for j, (c0, c1) in enumerate(cols):
-                        key = f"{name}-w{layer}-{i}-{j}"
-                        data[key] = {
-                            "w": np.ascontiguousarray(model.weights[layer][r0:r1, c0:c1]),
-                            "v": np.ascontiguousarray(velocity[2 * layer][r0:r1, c0:c1]),
-                        }
-                        where.setdefault(grid.owner(i, j), []).append(key)
-                        wl.append(self._packed_block(key, (r1 - r0, c1 - c0), "w"))
-                        vl.append(self._packed_block(key, (r1 - r0, c1 - c0), "v"))
-                    wb.append(wl)
-                    vb.append(vl)
-                mats = [
-                    GridMatrix(grid, shape, self.dtype, rows, cols, wb),
-                    GridMatrix(grid, shape, self.dtype, rows, cols, vb),
-                ]
-            else:
-                mats = []
-                for kind, array in (("w", model.weights[layer]), ("v", velocity[2 * layer])):
-                    blocks = []
-                    for i, (r0, r1) in enumerate(rows):
-                        line = []
-                        for j, (c0, c1) in enumerate(cols):
-                            key = f"{name}-{kind}{layer}-{i}-{j}"
-                            data[key] = np.ascontiguousarray(array[r0:r1, c0:c1])
-                            where.setdefault(grid.owner(i, j), []).append(key)
-                            line.append(Block(key, (r1 - r0, c1 - c0)))
-                        blocks.append(line)
-                    mats.append(GridMatrix(grid, array.shape, self.dtype, rows, cols, blocks))
-            weights.append(mats[0])
-            velocities.append(mats[1])
-            line = []
-            for j, (c0, c1) in enumerate(cols):
-                key = f"{name}-b{layer}-{j}"
-                data[key] = {"b": model.biases[layer][c0:c1].copy(), "v": velocity[2 * layer + 1][c0:c1].copy()}
-                where.setdefault(grid.owner(0, j), []).append(key)
-                line.append(Block(key, (1, c1 - c0), field="b"))
-            biases.append(line)
-        futures = scatter_to(self.client, data, where)
-        return self._attach(GridState(step, weights, velocities, biases), futures)
-
-    def born_state(self, seed: int) -> GridState:
-        """The seeded initial state (:mod:`daskann.nn._init`), each block computed by a task on its owner.
-
-        The tasks take only the seed, the layer and the block bounds: no weight passes through the client.
-        """
-        grid, dtype = self.grid, self.dtype.name
-        builder = GraphBuilder(self.client, f"{self.prefix}-born")
-        weights, velocities, biases = [], [], []
-        for layer in range(self.n_layers):
-            cols = self.col_bounds[layer + 1]
-            shape = (self.sizes[layer], self.sizes[layer + 1])
-            kinds = (("wv", "w"), ("wv", "v")) if self.packed else (("w", None), ("v", None))
-            mats = [self._born_matrix(builder, seed, layer, kind, field_name) for kind, field_name in kinds]
-            weights.append(mats[0])
-            velocities.append(mats[1])
+            for out, (kind, field_name) in zip(mats, kinds, strict=True):
+                blocks = []
+                for i, r in enumerate(rows):
+                    line = []
+                    for j, c in enumerate(cols):
+                        key = f"{name}-{kind}{layer}-{i}-{j}"
+                        place(key, self.grid.owner(i, j), weight(layer, r, c, kind))
+                        size = (r[1] - r[0], c[1] - c[0])
+                        line.append(self._packed_block(key, size, field_name) if self.packed else Block(key, size))
+                    blocks.append(line)
+                out.append(GridMatrix(self.grid, self._shape(layer), self.dtype, rows, cols, blocks))
             line = []
             for j, c in enumerate(cols):
-                key = builder.add(
-                    f"{builder.name}-b{layer}-{j}", _born_bias, seed, layer, shape, c, dtype, owner=grid.owner(0, j)
-                )
+                key = f"{name}-b{layer}-{j}"
+                place(key, self.grid.owner(0, j), bias(layer, c))
                 line.append(Block(key, (1, c[1] - c[0]), field="b"))
             biases.append(line)
-        state = GridState(0, weights, velocities, biases)
-        return self._attach(state, builder.submit(state.keys()))
+        state = GridState(step, *mats, biases)
+        futures = scatter_to(self.client, values, where) if on_client else builder.submit(state.keys())
+        return self._attach(state, futures)
 
-    def stored_state(self, path, step: int) -> GridState:
-        """The state saved in the checkpoint store ``path``, each block read by a task on its owner.
-
-        The store may come from any grid (or a single process): each task reads, and verifies, the
-        written blocks its own block overlaps; no weight passes through the client.
-        """
-        grid, path = self.grid, str(path)
-        builder = GraphBuilder(self.client, f"{self.prefix}-load{step}")
-        weights, velocities, biases = [], [], []
-        for layer in range(self.n_layers):
-            kinds = (("wv", "w"), ("wv", "v")) if self.packed else (("w", None), ("v", None))
-            mats = [self._born_matrix(builder, None, layer, kind, field_name, path=path) for kind, field_name in kinds]
-            weights.append(mats[0])
-            velocities.append(mats[1])
-            line = []
-            for j, c in enumerate(self.col_bounds[layer + 1]):
-                key = builder.add(f"{builder.name}-b{layer}-{j}", _stored_bias, path, layer, c, owner=grid.owner(0, j))
-                line.append(Block(key, (1, c[1] - c[0]), field="b"))
-            biases.append(line)
-        state = GridState(step, weights, velocities, biases)
-        return self._attach(state, builder.submit(state.keys()))
+    def _shape(self, layer: int) -> tuple[int, int]:
+        return (self.sizes[layer], self.sizes[layer + 1])
 
     def store_layout(self) -> dict:
         """The arrays of a checkpoint of this net (:func:`daskann.store.write_block_group`), cut on the grid."""
@@ -358,31 +315,6 @@ class GraphEngine:
             for array in (f"biases/{layer}", f"velocity/{2 * layer + 1}"):
                 layout[array] = BlockArray((shape[1],), name, (cols,))
         return layout
-
-    def _born_matrix(
-        self, builder: GraphBuilder, seed: int | None, layer: int, kind: str, field_name, *, path: str | None = None
-    ) -> GridMatrix:
-        """Layer ``layer``'s weights (``kind`` "w"), velocity ("v") or both packed ("wv", read as ``field_name``).
-
-        Seeded blocks, or with ``path``, blocks read from that checkpoint store.
-        """
-        rows, cols = self.row_bounds[layer], self.col_bounds[layer + 1]
-        shape = (self.sizes[layer], self.sizes[layer + 1])
-        blocks = []
-        for i, r in enumerate(rows):
-            line = []
-            for j, c in enumerate(cols):
-                key = f"{builder.name}-{kind}{layer}-{i}-{j}"
-                if key not in builder.tasks:  # a packed block serves the weights and the velocity
-                    if path is None:
-                        args = (_born_weight, seed, layer, shape, r, c, self.dtype.name, kind)
-                    else:
-                        args = (_stored_weight, path, layer, r, c, kind)
-                    builder.add(key, *args, owner=self.grid.owner(i, j))
-                size = (r[1] - r[0], c[1] - c[0])
-                line.append(self._packed_block(key, size, field_name) if self.packed else Block(key, size))
-            blocks.append(line)
-        return GridMatrix(self.grid, shape, self.dtype, rows, cols, blocks)
 
     def _largest_weight_block(self) -> int:
         """Bytes of the largest weight block on the grid."""
@@ -600,10 +532,7 @@ class GraphEngine:
                         owner,
                         int(np.prod(ZL.blocks[i][j].shape)) * self.dtype.itemsize,
                     )
-                if s["loss"] == "cross_entropy" and data.labels is not None:
-                    target = data.labels[rows[r0:r1]]
-                else:
-                    target = (builder.ref(data.y_keys[i][0]), rows[r0:r1])
+                target = (builder.ref(data.y_keys[i][0]), rows[r0:r1])
                 key = builder.add(
                     f"{name}-loss-{i}",
                     _kernels.loss_panel,
@@ -735,6 +664,20 @@ def _stored_bias(path: str, layer: int, cols) -> dict:
         "b": read_region(path, f"biases/{layer}", (cols,)),
         "v": read_region(path, f"velocity/{2 * layer + 1}", (cols,)),
     }
+
+
+def _held_weight(weights, velocity, rows, cols, kind: str):
+    """As :func:`_born_weight`, cut from the arrays the client holds (called there, then scattered)."""
+
+    def cut(array):
+        return np.ascontiguousarray(array[rows[0] : rows[1], cols[0] : cols[1]])
+
+    return {"w": cut(weights), "v": cut(velocity)} if kind == "wv" else cut(velocity if kind == "v" else weights)
+
+
+def _held_bias(biases, velocity, cols) -> dict:
+    """As :func:`_born_bias`, cut from the arrays the client holds."""
+    return {"b": biases[cols[0] : cols[1]].copy(), "v": velocity[cols[0] : cols[1]].copy()}
 
 
 def _save_block(tmp: str, array: str, index: str, region, spec) -> list:

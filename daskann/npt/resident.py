@@ -321,7 +321,7 @@ def _check_velocity(model: MLP, velocity) -> list:
 def _check_data(sizes, dtype, X, y, order, loss: str):
     if not is_dask_array(X):  # dask arrays, checked and cast by the trainer, are read on the workers
         X = np.asarray(X, dtype=dtype)
-        y = np.asarray(y)
+        y = np.asarray(y, dtype=np.int64) if loss == "cross_entropy" else np.asarray(y)
     if X.shape != (order.n_samples, sizes[0]):
         raise invalid("X", f"shape {X.shape}", f"shape ({order.n_samples}, {sizes[0]})")
     expected = (order.n_samples,) if loss == "cross_entropy" else (order.n_samples, sizes[-1])
@@ -361,9 +361,11 @@ def _check_workers(client, layout: Layout, run_id: str) -> None:
         raise ResidentError(f"resident run {run_id} cannot start: {described} is not in the cluster")
 
 
-def _payload(layout: Layout, worker: str, model: MLP | None, velocity, X, y, loss: str, read=None) -> dict:
-    """The blocks (of ``model``, when the client holds it) and data bands one worker's cells start from
-    (``read`` cuts dask-array data on ``worker``)."""
+def _payload(layout: Layout, worker: str, model: MLP | None, velocity, X, y, loss: str, cut) -> dict:
+    """The blocks (of ``model``, when the client holds it) and data bands one worker's cells start from.
+
+    ``cut(array, rows, cols, tag)`` cuts a band of the data (see :func:`_cutter`).
+    """
     cells = layout.cells_of(worker)
     columns = sorted({j for _, j in cells})
     n = layout.n_layers
@@ -375,13 +377,12 @@ def _payload(layout: Layout, worker: str, model: MLP | None, velocity, X, y, los
             "b": {(k, j): layout.bias_block(k, j, model.biases[k]) for k in range(n) for j in columns},
             "vb": {(k, j): layout.bias_block(k, j, velocity[2 * k + 1]) for k in range(n) for j in columns},
         }
-    if read is not None:
-        return {**read(worker, columns), **payload}
-    payload["X"] = {j: np.ascontiguousarray(X[:, slice(*layout.features[0][j])]) for j in columns}
+    rows = (0, X.shape[0])
+    payload["X"] = {j: cut(X, rows, layout.features[0][j], f"X-{j}") for j in columns}
     if loss == "cross_entropy":
-        payload["y"] = np.asarray(y, dtype=np.int64)
+        payload["y"] = cut(y, rows, None, "y")
     else:
-        payload["y"] = {j: np.ascontiguousarray(y[:, slice(*layout.features[-1][j])]) for j in columns}
+        payload["y"] = {j: cut(y, rows, layout.features[-1][j], f"y-{j}") for j in columns}
     return payload
 
 
@@ -389,26 +390,8 @@ def _payloads(
     layout: Layout, model: MLP, velocity, X, y, loss: str, *, client=None, namespace: str = "", validation=None
 ):
     """``(worker, its payload)`` for every worker of the grid, built one at a time."""
-    read = None
-    if is_dask_array(X):
-
-        def read(worker: str, columns) -> dict:
-            k = layout.workers.index(worker)
-
-            def band(array, bounds, tag):
-                key = f"{namespace}-read-{tag}-{k}"
-                return materialize(client, array, key=key, cols=bounds, workers=[worker])
-
-            features, outputs = layout.features[0], layout.features[-1]
-            cut = {"X": {j: band(X, features[j], f"X-{j}") for j in columns}}
-            if loss == "cross_entropy":
-                cut["y"] = band(y, None, "y")
-            else:
-                cut["y"] = {j: band(y, outputs[j], f"y-{j}") for j in columns}
-            return cut
-
     for k, worker in enumerate(layout.workers):
-        payload = _payload(layout, worker, model, velocity, X, y, loss, read)
+        payload = _payload(layout, worker, model, velocity, X, y, loss, _cutter(client, worker, f"{namespace}-read", k))
         if validation is not None:
             cut = _cutter(client, worker, f"{namespace}-read-val", k)
             payload |= _validation_blocks(layout, worker, validation, loss, cut)
@@ -439,8 +422,6 @@ def _cutter(client, worker: str, prefix: str, k: int):
         (r0, r1), (c0, c1) = rows, cols if cols is not None else (None, None)
         if not is_dask_array(array):
             return np.ascontiguousarray(array[r0:r1] if cols is None else array[r0:r1, c0:c1])
-        if r0 == r1:  # an empty band (fewer validation rows than grid rows) has no chunk to read
-            return np.empty((0,) if cols is None else (0, c1 - c0), dtype=array.dtype)
         return materialize(client, array, key=f"{prefix}-{tag}-{k}", rows=rows, cols=cols, workers=[worker])
 
     return cut
