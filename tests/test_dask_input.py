@@ -73,7 +73,13 @@ def _from_zarr(tmp_path, X, y):
 def _trainers(client2, client4):
     yield "npt-graph-2x2", NPTTrainer, {"grid": (2, 2), "mode": "graph", "client": client4}
     yield "npt-resident-2x2", NPTTrainer, {"grid": (2, 2), "mode": "resident", "client": client4}
-    # a virtual 6x6 grid: some bands of the 5 outputs (and of the targets) hold no column
+    # five grid columns over 4 outputs, and a virtual 6x6 grid over 4 or 5: some bands of the outputs
+    # (and of the targets) hold no column
+    yield (
+        "npt-graph-1x5",
+        NPTTrainer,
+        {"grid": (1, 5), "mode": "graph", "engine": {"share_workers": True}, "client": client4},
+    )
     yield (
         "npt-resident-2x3",
         NPTTrainer,
@@ -96,6 +102,7 @@ def _trainers(client2, client4):
 TRAINERS = [
     "npt-graph-2x2",
     "npt-resident-2x2",
+    "npt-graph-1x5",
     "npt-resident-2x3",
     "mgrit",
     "mgrit-auto-cap",

@@ -200,9 +200,9 @@ class _Attempt:
 
     def _diverged(self, step: int) -> GraphResult:
         """Non-finite loss at ``step``: find the last finite state, as SerialTrainer keeps it."""
-        engine, rows = self.engine, self.rows
+        rows = self.rows
         state = self._state(step)
-        params_ok, velocity_ok = engine.check_finite(state)
+        params_ok, velocity_ok = state.all_finite()
         # the last finite state stays on the grid, as a finished run's does: nothing is gathered here
         if params_ok or step - 1 < self.start.step:
             # serial stops at step + 1 on the loss, keeping the weights it started that step with

@@ -87,25 +87,48 @@ class GridState:
         """
         tmp = str(tmp)
         builder = GraphBuilder(self.client, f"{self.prefix}-save{self.step}-{uuid.uuid4().hex[:6]}")
-        keys = []
+        tasks = self._task_per_block(
+            builder,
+            lambda array, index, region, spec: (_save_block, tmp, array, index, region, spec),
+            lambda arrays, j, cols, ref: (_save_bias, tmp, arrays, j, cols, ref),
+        )
+        keys = [key for _, key in tasks]
+        futures = builder.submit(keys, keep=self.futures)
+        return block_digests((gather or self.client.gather)([futures[k] for k in keys]))
+
+    def all_finite(self) -> tuple[bool, bool]:
+        """(all weights and biases finite, all velocities finite), checked where they live."""
+        builder = GraphBuilder(self.client, f"{self.prefix}-finite{self.step}-{uuid.uuid4().hex[:6]}")
+        tasks = self._task_per_block(
+            builder,
+            lambda array, index, region, spec: (_kernels.all_finite, spec),
+            lambda arrays, j, cols, ref: (_kernels.all_finite, ref),
+        )
+        futures = builder.submit([key for _, key in tasks], keep=self.futures)
+        ok = dict.fromkeys("wvb", True)
+        for (tag, _), finite in zip(tasks, self.client.gather([futures[key] for _, key in tasks]), strict=True):
+            ok[tag] = ok[tag] and bool(finite)
+        return ok["w"] and ok["b"], ok["v"]
+
+    def _task_per_block(self, builder: GraphBuilder, weight_task, bias_task) -> list[tuple[str, str]]:
+        """A task on the cell of every block, layer by layer: ``[(tag, key)]``, tag "w", "v" or "b".
+
+        ``weight_task(array, "i.j", (rows, cols), spec)`` and ``bias_task((bias array, its velocity's), j,
+        cols, ref)`` give ``(func, *args)``; arrays are named as in a checkpoint store.
+        """
+        tasks = []
         for layer, (W, V, line) in enumerate(zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True)):
             for tag, array, mat in (("w", f"weights/{layer}", W), ("v", f"velocity/{2 * layer}", V)):
                 for i, r in enumerate(mat.row_bounds):
                     for j, c in enumerate(mat.col_bounds):
                         blk = mat.blocks[i][j]
-                        spec = blk.spec(builder.ref(blk.key))
-                        key = f"{builder.name}-{tag}{layer}-{i}-{j}"
-                        keys.append(
-                            builder.add(key, _save_block, tmp, array, f"{i}.{j}", (r, c), spec, owner=mat.owner(i, j))
-                        )
-            names = (f"biases/{layer}", f"velocity/{2 * layer + 1}")
+                        task = weight_task(array, f"{i}.{j}", (r, c), blk.spec(builder.ref(blk.key)))
+                        key = builder.add(f"{builder.name}-{tag}{layer}-{i}-{j}", *task, owner=mat.owner(i, j))
+                        tasks.append((tag, key))
             for j, (blk, c) in enumerate(zip(line, W.col_bounds, strict=True)):
-                key = f"{builder.name}-b{layer}-{j}"
-                keys.append(
-                    builder.add(key, _save_bias, tmp, names, j, c, builder.ref(blk.key), owner=W.grid.owner(0, j))
-                )
-        futures = builder.submit(keys, keep=self.futures)
-        return block_digests((gather or self.client.gather)([futures[k] for k in keys]))
+                task = bias_task((f"biases/{layer}", f"velocity/{2 * layer + 1}"), j, c, builder.ref(blk.key))
+                tasks.append(("b", builder.add(f"{builder.name}-b{layer}-{j}", *task, owner=W.grid.owner(0, j))))
+        return tasks
 
     def weights(self) -> list:
         """One dask array per layer whose chunks are the blocks, read where they live."""
@@ -602,35 +625,6 @@ class GraphEngine:
         """The step's mean loss from the last layer's bias dicts."""
         total = sum(p["loss"] for p in parts if "loss" in p)
         return _kernels.mean_loss(total, self.settings["loss"], n_batch, self.sizes[-1])
-
-    def check_finite(self, state: GridState) -> tuple[bool, bool]:
-        """(all weights and biases finite, all velocities finite) of a state, checked where they live."""
-        builder = GraphBuilder(self.client, f"{self.prefix}-finite{state.step}-{uuid.uuid4().hex[:6]}")
-        keys_p, keys_v = [], []
-        for layer in range(self.n_layers):
-            for kind, mat in (("w", state.weight_mats[layer]), ("v", state.velocity_mats[layer])):
-                for i in range(self.grid.rows):
-                    for j in range(self.grid.cols):
-                        blk = mat.blocks[i][j]
-                        k = builder.add(
-                            f"{builder.name}-{kind}{layer}-{i}-{j}",
-                            _kernels.all_finite,
-                            blk.spec(builder.ref(blk.key)),
-                            owner=self.grid.owner(i, j),
-                        )
-                        (keys_p if kind == "w" else keys_v).append(k)
-            for j, blk in enumerate(state.bias_blocks[layer]):
-                keys_p.append(
-                    builder.add(
-                        f"{builder.name}-b{layer}-{j}",
-                        _kernels.all_finite,
-                        builder.ref(blk.key),
-                        owner=self.grid.owner(0, j),
-                    )
-                )
-        futures = builder.submit(keys_p + keys_v, keep=state.futures)
-        values = dict(zip(futures, self.client.gather(list(futures.values())), strict=True))
-        return all(values[k] for k in keys_p), all(values[k] for k in keys_v)
 
 
 def _assemble(mat: GridMatrix, values: dict) -> np.ndarray:
