@@ -22,10 +22,11 @@ from distributed import get_worker
 
 from daskann import SerialTrainer, TrainingDiverged
 from daskann.data import make_linear
-from daskann.nn import SGD
+from daskann.nn import MLP, SGD
 from daskann.npt import NPTTrainer
 from daskann.npt._exchange import ExchangeAborted, ExchangeTimeout, Mailbox, open_namespaces
 from daskann.npt._resident_layout import Layout
+from daskann.npt._run import HeldBlocks
 from daskann.npt.grid import ProcessGrid
 from daskann.npt.resident import (
     ResidentError,
@@ -205,19 +206,21 @@ def test_layout_of_a_rectangular_grid():
     # each process cell hosts two virtual cells of one virtual column
     assert all(len(layout.cells_of(w)) == 2 for w in grid.workers)
     assert {c[1] for c in layout.cells_of(grid.owner(1, 3))} == {3}
-    W = np.arange(50.0).reshape(10, 5)
-    blocks = {cell: layout.weight_block(0 + 1, cell, W) for cell in layout.cell_workers}
-    np.testing.assert_array_equal(layout.assemble_weight(1, blocks, W.dtype), W)
+    model = MLP((7, 10, 5), seed=0)
+    held = HeldBlocks(model, [np.zeros_like(p) for p in model.params])
+    blocks = {cell: block for w in grid.workers for (k, cell), block in layout.blocks(w, held)["W"].items() if k == 1}
+    np.testing.assert_array_equal(layout.assemble_weight(1, blocks, "float64"), model.weights[1])
 
 
 def test_each_worker_gets_only_its_column_bands(regression):
     X, y = regression
     grid = ProcessGrid.from_workers("2x2", [f"tcp://w{k}" for k in range(4)])
     setup = _setup(X, y, (8,), batch_size=16)
-    model, velocity = setup["start"].model, setup["start"].velocity
+    model = setup["start"].model
     layout = Layout.build(grid, model.sizes, 16)
     weights = 0
-    for _, payload in _payloads(layout, model, velocity, setup["X"], setup["y"], "mse"):
+    source = setup["start"].block_source(model.sizes, model.dtype)
+    for _, payload in _payloads(layout, source, setup["X"], setup["y"], "mse"):
         # one column band of X (all samples: any row may be in a batch), never all of X
         assert sum(band.shape[1] for band in payload["X"].values()) in (3, 4)
         assert all(band.shape[0] == X.shape[0] for band in payload["X"].values())

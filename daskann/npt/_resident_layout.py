@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from daskann.nn import init_bias_block, init_weight_block
+from daskann.npt._run import checkpoint_layout, layer_arrays
 from daskann.npt.grid import ProcessGrid, split_bounds
-from daskann.store import BlockArray, read_region
 
 
 @dataclass(frozen=True)
@@ -89,61 +88,30 @@ class Layout:
         return f"{text} on worker {self.cell_workers[tuple(cell)]}"
 
     # -- blocks of full arrays -------------------------------------------------
-    def weight_block(self, layer: int, cell, array: np.ndarray) -> np.ndarray:
-        (r0, r1), (c0, c1) = self.features[layer][cell[0]], self.features[layer + 1][cell[1]]
-        return np.ascontiguousarray(array[r0:r1, c0:c1])
+    def blocks(self, worker: str, source) -> dict:
+        """``W``, ``vW``, ``b``, ``vb`` of ``worker``'s cells read from a block source.
 
-    def bias_block(self, layer: int, column: int, array: np.ndarray) -> np.ndarray:
-        c0, c1 = self.features[layer + 1][column]
-        return np.array(array[c0:c1])
-
-    def born_blocks(self, worker: str, seed: int, dtype) -> dict:
-        """``W``, ``vW``, ``b``, ``vb`` of ``worker``'s cells at the seeded initialisation, computed here.
-
-        Each block comes from :mod:`daskann.nn._init`'s tiles, so it equals the same part of
-        ``MLP(sizes, seed=seed)``; velocities start at zero.
+        ``source`` is one of :mod:`daskann.npt._run`'s block sources: the seeded initialisation, a
+        checkpoint store of any grid or mode (each block re-cut from the written blocks it overlaps,
+        and verified), or a model the client holds.
         """
         cells = self.cells_of(worker)
-        columns = sorted({j for _, j in cells})
         parts = {"W": {}, "vW": {}, "b": {}, "vb": {}}
         for k in range(self.n_layers):
-            shape = (self.sizes[k], self.sizes[k + 1])
-            for cell in cells:
-                w = init_weight_block(seed, k, shape, self.features[k][cell[0]], self.features[k + 1][cell[1]], dtype)
-                parts["W"][k, cell], parts["vW"][k, cell] = w, np.zeros_like(w)
-            for j in columns:
-                b = init_bias_block(seed, k, shape, self.features[k + 1][j], dtype)
-                parts["b"][k, j], parts["vb"][k, j] = b, np.zeros_like(b)
-        return parts
-
-    def stored_blocks(self, worker: str, path: str) -> dict:
-        """``W``, ``vW``, ``b``, ``vb`` of ``worker``'s cells read, and verified, from the checkpoint ``path``.
-
-        The store may come from any grid or mode: each block is re-cut from the written blocks it overlaps.
-        """
-        cells = self.cells_of(worker)
-        columns = sorted({j for _, j in cells})
-        parts = {"W": {}, "vW": {}, "b": {}, "vb": {}}
-        for k in range(self.n_layers):
+            weights, weight_velocity, biases, bias_velocity = layer_arrays(k)
             for cell in cells:
                 region = (self.features[k][cell[0]], self.features[k + 1][cell[1]])
-                parts["W"][k, cell] = read_region(path, f"weights/{k}", region)
-                parts["vW"][k, cell] = read_region(path, f"velocity/{2 * k}", region)
-            for j in columns:
-                parts["b"][k, j] = read_region(path, f"biases/{k}", (self.features[k + 1][j],))
-                parts["vb"][k, j] = read_region(path, f"velocity/{2 * k + 1}", (self.features[k + 1][j],))
+                parts["W"][k, cell] = source.read(weights, region)
+                parts["vW"][k, cell] = source.read(weight_velocity, region)
+            for j in sorted({j for _, j in cells}):
+                region = (self.features[k + 1][j],)
+                parts["b"][k, j] = source.read(biases, region)
+                parts["vb"][k, j] = source.read(bias_velocity, region)
         return parts
 
     def store_layout(self, dtype) -> dict:
         """The arrays of a checkpoint of this net cut into this layout's blocks (:class:`daskann.store.BlockArray`)."""
-        layout, name = {}, np.dtype(dtype).name
-        for k in range(self.n_layers):
-            shape = (self.sizes[k], self.sizes[k + 1])
-            for array in (f"weights/{k}", f"velocity/{2 * k}"):
-                layout[array] = BlockArray(shape, name, (self.features[k], self.features[k + 1]))
-            for array in (f"biases/{k}", f"velocity/{2 * k + 1}"):
-                layout[array] = BlockArray((shape[1],), name, (self.features[k + 1],))
-        return layout
+        return checkpoint_layout(self.sizes, dtype, lambda k: (self.features[k], self.features[k + 1]))
 
     def assemble_weight(self, layer: int, blocks: dict, dtype) -> np.ndarray:
         out = np.empty((self.sizes[layer], self.sizes[layer + 1]), dtype=dtype)

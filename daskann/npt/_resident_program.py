@@ -55,6 +55,7 @@ from daskann.npt._kernels import (
     squared_error,
 )
 from daskann.npt._resident_layout import Layout
+from daskann.npt._run import layer_arrays
 from daskann.store import write_block
 
 
@@ -109,12 +110,9 @@ class CellProgram:
         # validation blocks of the hosted cells (row band of the grid row, column band of the cell), if any
         self.Xv, self.yv = payload.get("Xv"), payload.get("yv")
         self.evaluations: dict = {}  # completed steps -> (loss part, correct rows) on the validation set
-        if payload.get("born") is not None:
-            # the seeded initialisation, computed here: no weight came from the client
-            payload = payload | self.layout.born_blocks(self.me, payload["born"], self.dtype)
-        elif payload.get("source") is not None:
-            # a checkpoint read here, block by block, whatever grid or mode wrote it
-            payload = payload | self.layout.stored_blocks(self.me, payload["source"])
+        if payload.get("source") is not None:
+            # the seeded initialisation computed here, or a checkpoint of any grid or mode read here
+            payload = payload | self.layout.blocks(self.me, payload["source"])
         self.W, self.vW = dict(payload["W"]), dict(payload["vW"])
         self.b, self.vb = dict(payload["b"]), dict(payload["vb"])
         workers = self.layout.cell_workers
@@ -617,12 +615,14 @@ def save_blocks(result: dict, layout: Layout, tmp: str) -> list:
         out.append((array, index, write_block(tmp, array, region, block)))
 
     for (k, (i, j)), w in state["W"].items():
+        weights, velocity, _, _ = layer_arrays(k)
         region = (layout.features[k][i], layout.features[k + 1][j])
-        write(f"weights/{k}", f"{i}.{j}", region, w)
-        write(f"velocity/{2 * k}", f"{i}.{j}", region, state["vW"][k, (i, j)])
+        write(weights, f"{i}.{j}", region, w)
+        write(velocity, f"{i}.{j}", region, state["vW"][k, (i, j)])
     for (k, j), b in state["b"].items():
-        write(f"biases/{k}", str(j), (layout.features[k + 1][j],), b)
-        write(f"velocity/{2 * k + 1}", str(j), (layout.features[k + 1][j],), state["vb"][k, j])
+        _, _, biases, velocity = layer_arrays(k)
+        write(biases, str(j), (layout.features[k + 1][j],), b)
+        write(velocity, str(j), (layout.features[k + 1][j],), state["vb"][k, j])
     return out
 
 

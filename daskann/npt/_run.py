@@ -1,6 +1,7 @@
 """A network-parallel run as graph and resident modes share it.
 
-* :class:`RunStart`: the state a run starts, or a replay restarts, from;
+* :class:`RunStart`: the state a run starts, or a replay restarts, from, and where its blocks are read
+  (:class:`SeededBlocks`, :class:`StoredBlocks`, :class:`HeldBlocks`);
 * :class:`RunSpec`: what the run is asked to do, fixed for the whole run;
 * :class:`RunRecord`: what the run has done, with the parts of each worker's step time
   (:func:`graph_worker_times`, :func:`resident_worker_times`);
@@ -28,12 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, TypeVar
 
+import numpy as np
+
 from daskann import config
 from daskann._batch import wait_for_replacements
 from daskann.cluster import worker_addresses
 from daskann.exceptions import LostWorkersError, WorkerLost
-from daskann.nn import MLP
+from daskann.nn import MLP, init_bias_block, init_weight_block
 from daskann.npt.grid import ProcessGrid
+from daskann.store import BlockArray, read_region
 
 # the history's module loads xarray: only the client needs it, and workers import this module
 if TYPE_CHECKING:
@@ -88,6 +92,101 @@ class RunStart:
         if self.path is None and self.model is None:
             return None
         return replace(self, state=None)
+
+    def block_source(self, sizes, dtype) -> SeededBlocks | StoredBlocks | HeldBlocks | None:
+        """Where the cells read this state's blocks from; None when ``state`` holds them already.
+
+        ``sizes`` and ``dtype`` are the network's (a seeded state is computed in that type).
+        """
+        if self.from_seed:
+            return SeededBlocks(int(self.seed), tuple(int(n) for n in sizes), np.dtype(dtype).name)
+        if self.state is not None:
+            return None
+        if self.path is not None:
+            return StoredBlocks(self.path)
+        return HeldBlocks(self.model, self.velocity)
+
+
+# Block sources: regions of a state's arrays, named as in a checkpoint store (:func:`layer_arrays`), each
+# read where it is needed, so that one loop lays out a seeded, a stored or a held state in either mode.
+
+
+def layer_arrays(layer: int) -> tuple[str, str, str, str]:
+    """Checkpoint names of a layer's weights, their velocity, its biases and their velocity."""
+    return f"weights/{layer}", f"velocity/{2 * layer}", f"biases/{layer}", f"velocity/{2 * layer + 1}"
+
+
+def checkpoint_layout(sizes, dtype, weight_bounds) -> dict:
+    """The arrays of a checkpoint of a net cut into blocks (:func:`daskann.store.write_block_group`).
+
+    ``weight_bounds(layer)`` gives the row and the column bounds of a layer's weight blocks; its biases
+    are cut as the columns.
+    """
+    layout, name = {}, np.dtype(dtype).name
+    for layer in range(len(sizes) - 1):
+        rows, cols = (tuple(bounds) for bounds in weight_bounds(layer))
+        weights, weight_velocity, biases, bias_velocity = layer_arrays(layer)
+        for array in (weights, weight_velocity):
+            layout[array] = BlockArray((sizes[layer], sizes[layer + 1]), name, (rows, cols))
+        for array in (biases, bias_velocity):
+            layout[array] = BlockArray((sizes[layer + 1],), name, (cols,))
+    return layout
+
+
+def _parse(array: str) -> tuple[str, int]:
+    kind, index = array.split("/")
+    return kind, int(index)
+
+
+@dataclass(frozen=True)
+class SeededBlocks:
+    """The seeded initialisation, computed block by block where it is read.
+
+    Each block comes from :mod:`daskann.nn._init`'s tiles, so it equals the same part of
+    ``MLP(sizes, seed=seed)``; velocities start at zero.
+    """
+
+    seed: int
+    sizes: tuple
+    dtype: str
+    tag = "born"  # key prefix of the blocks it makes
+
+    def read(self, array: str, region) -> np.ndarray:
+        """Rows and columns ``region`` (a ``(start, stop)`` per axis) of ``array``."""
+        kind, index = _parse(array)
+        if kind == "velocity":
+            return np.zeros(tuple(b - a for a, b in region), dtype=self.dtype)
+        shape = (self.sizes[index], self.sizes[index + 1])
+        if kind == "weights":
+            return init_weight_block(self.seed, index, shape, *region, self.dtype)
+        return init_bias_block(self.seed, index, shape, *region, self.dtype)
+
+
+@dataclass(frozen=True)
+class StoredBlocks:
+    """A checkpoint store of any grid or mode, read and verified block by block where it is read."""
+
+    path: str
+    tag = "load"
+
+    def read(self, array: str, region) -> np.ndarray:
+        """As :meth:`SeededBlocks.read`, by :func:`daskann.store.read_region`."""
+        return read_region(self.path, array, region)
+
+
+@dataclass(frozen=True, eq=False)
+class HeldBlocks:
+    """A model and its velocity that the client holds: cut there, never sent whole to a task."""
+
+    model: MLP
+    velocity: list
+    tag = "init"
+
+    def read(self, array: str, region) -> np.ndarray:
+        """As :meth:`SeededBlocks.read`, a copy cut from the client's arrays."""
+        kind, index = _parse(array)
+        arrays = {"weights": self.model.weights, "biases": self.model.biases, "velocity": self.velocity}[kind]
+        return np.array(arrays[index][tuple(slice(a, b) for a, b in region)], order="C")
 
 
 @dataclass(frozen=True)

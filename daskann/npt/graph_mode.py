@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from daskann._dask_input import is_dask_array, materialize
-from daskann.nn import MLP, init_bias_block, init_weight_block
+from daskann.nn import MLP
 from daskann.npt import _kernels
-from daskann.npt._run import RunStart
+from daskann.npt._run import HeldBlocks, RunStart, checkpoint_layout, layer_arrays
 from daskann.npt.cannon import TrafficLedger, add_product
 from daskann.npt.grid import ProcessGrid, split_bounds
 from daskann.npt.matrix import Block, GraphBuilder, GridMatrix, block_digests, blocks_to_dask, scatter_to
-from daskann.store import BlockArray, read_region, write_block
+from daskann.store import write_block
 
 # largest weight block (bytes) stored with its velocity under one key in fused mode
 PACK_LIMIT = 64 * 2**10
@@ -118,7 +118,8 @@ class GridState:
         """
         tasks = []
         for layer, (W, V, line) in enumerate(zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True)):
-            for tag, array, mat in (("w", f"weights/{layer}", W), ("v", f"velocity/{2 * layer}", V)):
+            weights, weight_velocity, biases, bias_velocity = layer_arrays(layer)
+            for tag, array, mat in (("w", weights, W), ("v", weight_velocity, V)):
                 for i, r in enumerate(mat.row_bounds):
                     for j, c in enumerate(mat.col_bounds):
                         blk = mat.blocks[i][j]
@@ -126,7 +127,7 @@ class GridState:
                         key = builder.add(f"{builder.name}-{tag}{layer}-{i}-{j}", *task, owner=mat.owner(i, j))
                         tasks.append((tag, key))
             for j, (blk, c) in enumerate(zip(line, W.col_bounds, strict=True)):
-                task = bias_task((f"biases/{layer}", f"velocity/{2 * layer + 1}"), j, c, builder.ref(blk.key))
+                task = bias_task((biases, bias_velocity), j, c, builder.ref(blk.key))
                 tasks.append(("b", builder.add(f"{builder.name}-b{layer}-{j}", *task, owner=W.grid.owner(0, j))))
         return tasks
 
@@ -255,49 +256,22 @@ class GraphEngine:
         takes only the seed or the path and the block's bounds: no weight passes through the client.
         A model and velocity the client holds are cut there and scattered block by block.
         """
-        if start.state is not None and not start.from_seed:
+        source = start.block_source(self.sizes, self.dtype)
+        if source is None:
             return start.state
-        dtype = self.dtype.name
-        if start.from_seed:
-            return self._placed_state(
-                f"{self.prefix}-born",
-                0,
-                lambda layer, r, c, kind: (_born_weight, start.seed, layer, self._shape(layer), r, c, dtype, kind),
-                lambda layer, c: (_born_bias, start.seed, layer, self._shape(layer), c, dtype),
-            )
-        if start.path is not None:
-            return self._placed_state(
-                f"{self.prefix}-load{start.step}",
-                start.step,
-                lambda layer, r, c, kind: (_stored_weight, start.path, layer, r, c, kind),
-                lambda layer, c: (_stored_bias, start.path, layer, c),
-            )
-        model, velocity = start.model, start.velocity
-        return self._placed_state(
-            f"{self.prefix}-init{start.step}",
-            start.step,
-            lambda layer, r, c, kind: (_held_weight, model.weights[layer], velocity[2 * layer], r, c, kind),
-            lambda layer, c: (_held_bias, model.biases[layer], velocity[2 * layer + 1], c),
-            on_client=True,
-        )
-
-    def _placed_state(self, name: str, step: int, weight, bias, *, on_client: bool = False) -> GridState:
-        """A state whose blocks ``weight(layer, rows, cols, kind)`` and ``bias(layer, cols)`` make.
-
-        Each gives ``(func, *args)``: a task on the block's owner, or with ``on_client`` a call here whose
-        value is scattered to it. ``kind`` is "w" (weights), "v" (velocity) or "wv" (both, packed).
-        """
+        name = f"{self.prefix}-{source.tag}" + ("" if start.from_seed else str(start.step))
         builder = GraphBuilder(self.client, name)
+        on_client = isinstance(source, HeldBlocks)
         values, where = {}, {}
 
-        def place(key: str, owner: str, task: tuple) -> None:
+        def place(key: str, owner: str, func, *args) -> None:
             if key in values or key in builder.tasks:  # a packed block serves the weights and the velocity
                 return
             if on_client:
-                values[key] = task[0](*task[1:])
+                values[key] = func(source, *args)
                 where.setdefault(owner, []).append(key)
             else:
-                builder.add(key, *task, owner=owner)
+                builder.add(key, func, source, *args, owner=owner)
 
         kinds = (("wv", "w"), ("wv", "v")) if self.packed else (("w", None), ("v", None))
         mats, biases = ([], []), []
@@ -309,7 +283,7 @@ class GraphEngine:
                     line = []
                     for j, c in enumerate(cols):
                         key = f"{name}-{kind}{layer}-{i}-{j}"
-                        place(key, self.grid.owner(i, j), weight(layer, r, c, kind))
+                        place(key, self.grid.owner(i, j), _read_weight, layer, r, c, kind)
                         size = (r[1] - r[0], c[1] - c[0])
                         line.append(self._packed_block(key, size, field_name) if self.packed else Block(key, size))
                     blocks.append(line)
@@ -317,10 +291,10 @@ class GraphEngine:
             line = []
             for j, c in enumerate(cols):
                 key = f"{name}-b{layer}-{j}"
-                place(key, self.grid.owner(0, j), bias(layer, c))
+                place(key, self.grid.owner(0, j), _read_bias, layer, c)
                 line.append(Block(key, (1, c[1] - c[0]), field="b"))
             biases.append(line)
-        state = GridState(step, *mats, biases)
+        state = GridState(start.step, *mats, biases)
         futures = scatter_to(self.client, values, where) if on_client else builder.submit(state.keys())
         return self._attach(state, futures)
 
@@ -329,15 +303,7 @@ class GraphEngine:
 
     def store_layout(self) -> dict:
         """The arrays of a checkpoint of this net (:func:`daskann.store.write_block_group`), cut on the grid."""
-        layout, name = {}, self.dtype.name
-        for layer in range(self.n_layers):
-            rows, cols = tuple(self.row_bounds[layer]), tuple(self.col_bounds[layer + 1])
-            shape = (self.sizes[layer], self.sizes[layer + 1])
-            for array in (f"weights/{layer}", f"velocity/{2 * layer}"):
-                layout[array] = BlockArray(shape, name, (rows, cols))
-            for array in (f"biases/{layer}", f"velocity/{2 * layer + 1}"):
-                layout[array] = BlockArray((shape[1],), name, (cols,))
-        return layout
+        return checkpoint_layout(self.sizes, self.dtype, lambda k: (self.row_bounds[k], self.col_bounds[k + 1]))
 
     def _largest_weight_block(self) -> int:
         """Bytes of the largest weight block on the grid."""
@@ -636,42 +602,18 @@ def _assemble(mat: GridMatrix, values: dict) -> np.ndarray:
     return out
 
 
-def _born_weight(seed: int, layer: int, shape, rows, cols, dtype: str, kind: str):
-    """A weight block of the seeded initialisation (``"w"``), its zero velocity (``"v"``), or both packed."""
-    if kind == "v":
-        return np.zeros((rows[1] - rows[0], cols[1] - cols[0]), dtype=dtype)
-    w = init_weight_block(seed, layer, shape, rows, cols, dtype)
-    return {"w": w, "v": np.zeros_like(w)} if kind == "wv" else w
+def _read_weight(source, layer: int, rows, cols, kind: str):
+    """A weight block (``"w"``), its velocity (``"v"``) or both packed (``"wv"``) read from a block source."""
+    weights, velocity, _, _ = layer_arrays(layer)
+    if kind == "wv":
+        return {"w": source.read(weights, (rows, cols)), "v": source.read(velocity, (rows, cols))}
+    return source.read(weights if kind == "w" else velocity, (rows, cols))
 
 
-def _stored_weight(path: str, layer: int, rows, cols, kind: str):
-    """As :func:`_born_weight`, read from the checkpoint store ``path``."""
-    if kind == "v":
-        return read_region(path, f"velocity/{2 * layer}", (rows, cols))
-    w = read_region(path, f"weights/{layer}", (rows, cols))
-    return {"w": w, "v": read_region(path, f"velocity/{2 * layer}", (rows, cols))} if kind == "wv" else w
-
-
-def _stored_bias(path: str, layer: int, cols) -> dict:
-    """As :func:`_born_bias`, read from the checkpoint store ``path``."""
-    return {
-        "b": read_region(path, f"biases/{layer}", (cols,)),
-        "v": read_region(path, f"velocity/{2 * layer + 1}", (cols,)),
-    }
-
-
-def _held_weight(weights, velocity, rows, cols, kind: str):
-    """As :func:`_born_weight`, cut from the arrays the client holds (called there, then scattered)."""
-
-    def cut(array):
-        return np.ascontiguousarray(array[rows[0] : rows[1], cols[0] : cols[1]])
-
-    return {"w": cut(weights), "v": cut(velocity)} if kind == "wv" else cut(velocity if kind == "v" else weights)
-
-
-def _held_bias(biases, velocity, cols) -> dict:
-    """As :func:`_born_bias`, cut from the arrays the client holds."""
-    return {"b": biases[cols[0] : cols[1]].copy(), "v": velocity[cols[0] : cols[1]].copy()}
+def _read_bias(source, layer: int, cols) -> dict:
+    """A bias block with its velocity, as graph mode stores it (``{"b", "v"}``), read from a block source."""
+    _, _, biases, velocity = layer_arrays(layer)
+    return {"b": source.read(biases, (cols,)), "v": source.read(velocity, (cols,))}
 
 
 def _save_block(tmp: str, array: str, index: str, region, spec) -> list:
@@ -684,9 +626,3 @@ def _save_bias(tmp: str, names, j: int, cols, value: dict) -> list:
     return [
         (name, str(j), write_block(tmp, name, (cols,), value[part])) for name, part in zip(names, "bv", strict=True)
     ]
-
-
-def _born_bias(seed: int, layer: int, shape, cols, dtype: str) -> dict:
-    """A bias block of the seeded initialisation with its zero velocity, as graph mode stores it."""
-    b = init_bias_block(seed, layer, shape, cols, dtype)
-    return {"b": b, "v": np.zeros_like(b)}

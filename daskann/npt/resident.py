@@ -47,7 +47,7 @@ from daskann.npt._exchange import (
 from daskann.npt._kernels import validation_scores
 from daskann.npt._resident_layout import Layout
 from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
-from daskann.npt._run import RunStart, resident_worker_times
+from daskann.npt._run import HeldBlocks, RunStart, resident_worker_times
 from daskann.npt.grid import split_bounds
 from daskann.npt.matrix import block_digests, blocks_to_dask
 
@@ -294,10 +294,13 @@ def train_resident(
     _check_workers(client, layout, run_id)
     ensure_plugin(client)
     run = ResidentRun.build(run_id, layout, settings, dtype, order, first, stop, timeout, eval_fn)
+    source = start.block_source(sizes, dtype)
+    if isinstance(source, HeldBlocks):
+        source = HeldBlocks(model, velocity)  # the velocity checked
     payloads = _payloads(
-        layout, model, velocity, X, y, settings["loss"], client=client, namespace=run.namespace, validation=validation
+        layout, source, X, y, settings["loss"], client=client, namespace=run.namespace, validation=validation
     )
-    cells, results = _run_cells(client, run, _from_start(payloads, start), previous, keep=keep)
+    cells, results = _run_cells(client, run, payloads, previous, keep=keep)
     return _result(run, settings, dtype, results, cells, validation, keep=keep)
 
 
@@ -361,22 +364,15 @@ def _check_workers(client, layout: Layout, run_id: str) -> None:
         raise ResidentError(f"resident run {run_id} cannot start: {described} is not in the cluster")
 
 
-def _payload(layout: Layout, worker: str, model: MLP | None, velocity, X, y, loss: str, cut) -> dict:
-    """The blocks (of ``model``, when the client holds it) and data bands one worker's cells start from.
+def _payload(layout: Layout, worker: str, source, X, y, loss: str, cut) -> dict:
+    """The blocks, or where to read them, and the data bands one worker's cells start from.
 
+    ``source`` is the start's block source (:meth:`RunStart.block_source`): a model the client holds is
+    cut here, the seed or a store path goes to the worker, None leaves the state the cells hold.
     ``cut(array, rows, cols, tag)`` cuts a band of the data (see :func:`_cutter`).
     """
-    cells = layout.cells_of(worker)
-    columns = sorted({j for _, j in cells})
-    n = layout.n_layers
-    payload = {}
-    if model is not None:
-        payload = {
-            "W": {(k, c): layout.weight_block(k, c, model.weights[k]) for k in range(n) for c in cells},
-            "vW": {(k, c): layout.weight_block(k, c, velocity[2 * k]) for k in range(n) for c in cells},
-            "b": {(k, j): layout.bias_block(k, j, model.biases[k]) for k in range(n) for j in columns},
-            "vb": {(k, j): layout.bias_block(k, j, velocity[2 * k + 1]) for k in range(n) for j in columns},
-        }
+    columns = sorted({j for _, j in layout.cells_of(worker)})
+    payload = layout.blocks(worker, source) if isinstance(source, HeldBlocks) else {"source": source}
     rows = (0, X.shape[0])
     payload["X"] = {j: cut(X, rows, layout.features[0][j], f"X-{j}") for j in columns}
     if loss == "cross_entropy":
@@ -386,12 +382,10 @@ def _payload(layout: Layout, worker: str, model: MLP | None, velocity, X, y, los
     return payload
 
 
-def _payloads(
-    layout: Layout, model: MLP, velocity, X, y, loss: str, *, client=None, namespace: str = "", validation=None
-):
+def _payloads(layout: Layout, source, X, y, loss: str, *, client=None, namespace: str = "", validation=None):
     """``(worker, its payload)`` for every worker of the grid, built one at a time."""
     for k, worker in enumerate(layout.workers):
-        payload = _payload(layout, worker, model, velocity, X, y, loss, _cutter(client, worker, f"{namespace}-read", k))
+        payload = _payload(layout, worker, source, X, y, loss, _cutter(client, worker, f"{namespace}-read", k))
         if validation is not None:
             cut = _cutter(client, worker, f"{namespace}-read-val", k)
             payload |= _validation_blocks(layout, worker, validation, loss, cut)
@@ -425,21 +419,6 @@ def _cutter(client, worker: str, prefix: str, k: int):
         return materialize(client, array, key=f"{prefix}-{tag}-{k}", rows=rows, cols=cols, workers=[worker])
 
     return cut
-
-
-def _from_start(payloads, start: RunStart):
-    """``payloads`` for the source of ``start``: the seed, a store the workers read, or the blocks they hold."""
-    if start.from_seed:
-        return _born(payloads, start.seed)
-    if start.state is None and start.path is not None:
-        return ((w, payload | {"source": start.path}) for w, payload in payloads)
-    return payloads
-
-
-def _born(payloads, seed: int):
-    """``payloads`` without weight blocks: each worker computes the seeded initialisation of its cells."""
-    for worker, payload in payloads:
-        yield worker, {k: v for k, v in payload.items() if k not in ("W", "vW", "b", "vb")} | {"born": int(seed)}
 
 
 # -- running -------------------------------------------------------------------
