@@ -336,11 +336,11 @@ def test_a_worker_lost_while_its_blocks_are_read_is_a_resident_error(client4, re
 def test_a_worker_gone_before_a_stretch_begins_is_replayed(client4, regression, tmp_path, monkeypatch):
     # a batch job's worker can end between two stretches, after the grid was chosen: the next stretch
     # finds it gone before any cell starts, which is a lost worker (replayed from the checkpoint), not bad input
-    from daskann.npt import _resident_run
+    from daskann.npt import resident
 
     X, y = regression
     kwargs = dict(lr=0.05, batch_size=16, seed=6, sgd={"momentum": 0.9})
-    train, calls = _resident_run.train_resident, []
+    train, calls = resident.train_resident, []
 
     def second_stretch_after_a_worker_left(client, grid, **settings):
         calls.append(grid)
@@ -353,7 +353,7 @@ def test_a_worker_gone_before_a_stretch_begins_is_replayed(client4, regression, 
                 time.sleep(0.05)
         return train(client, grid, **settings)
 
-    monkeypatch.setattr(_resident_run, "train_resident", second_stretch_after_a_worker_left)
+    monkeypatch.setattr(resident, "train_resident", second_stretch_after_a_worker_left)
     trainer = NPTTrainer(
         (8,), grid="2x2", mode="resident", client=client4, checkpoint={"dir": tmp_path, "every": 6}, **kwargs
     )

@@ -2,6 +2,8 @@
 
 * :class:`RunStart`: the state a run starts, or a replay restarts, from, and where its blocks are read
   (:class:`SeededBlocks`, :class:`StoredBlocks`, :class:`HeldBlocks`);
+* :class:`FinalState`: the state a run leaves on the cells (graph mode's ``GridState``, resident
+  mode's :class:`~daskann.npt.resident.ResidentState`), read and written where it lives;
 * :class:`RunSpec`: what the run is asked to do, fixed for the whole run;
 * :class:`RunRecord`: what the run has done, with the parts of each worker's step time
   (:func:`graph_worker_times`, :func:`resident_worker_times`);
@@ -27,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
@@ -44,6 +46,28 @@ if TYPE_CHECKING:
     from daskann._history import HistoryRecorder
 
 T = TypeVar("T")
+
+
+class FinalState(Protocol):
+    """The state a run left on the grid's cells, read and written where it lives.
+
+    ``client`` is the client its ``futures`` belong to; :meth:`gather` brings the model and its
+    velocity to the client, :meth:`save` has the cells write a checkpoint store's blocks and returns
+    their digests, :meth:`weights` and :meth:`biases` view the blocks as dask arrays.
+    """
+
+    futures: dict
+
+    @property
+    def client(self): ...
+
+    def gather(self, settings: dict) -> tuple[MLP, list]: ...
+
+    def save(self, tmp) -> dict: ...
+
+    def weights(self) -> list: ...
+
+    def biases(self) -> list: ...
 
 
 @dataclass(frozen=True)
@@ -261,7 +285,7 @@ class RunRecord:
         The grid of the latest try (after a replay, on the workers there were).
     history : HistoryRecorder
         A row per completed step.
-    state : object
+    state : FinalState or None
         The latest state left on the cells (after divergence, the last finite one).
     recoveries : int
         Replays after lost workers.
@@ -273,7 +297,7 @@ class RunRecord:
 
     grid: ProcessGrid
     history: HistoryRecorder
-    state: object = None
+    state: FinalState | None = None
     recoveries: int = 0
     diverged: tuple[int, str] | None = None
     worker_times: dict = field(default_factory=dict)

@@ -48,8 +48,8 @@ PACK_LIMIT = 64 * 2**10
 class GridState:
     """Parameters and velocities on the grid after ``step`` steps, read and saved where they live.
 
-    A run's final state, as :class:`~daskann.npt.resident.ResidentState` (a ``FinalState`` of
-    :mod:`daskann.npt._grid_results`).
+    A run's final state, as :class:`~daskann.npt.resident.ResidentState` (a
+    :class:`~daskann.npt._run.FinalState`).
     """
 
     step: int

@@ -19,6 +19,12 @@ read from a checkpoint store (any grid or mode), or hold from the stretch
 before; with ``keep=True`` its final state stays in their memory
 (:class:`ResidentState`), from where the workers write checkpoint stores in
 graph mode's format and dask arrays read the blocks.
+
+:func:`run_resident`, the resident run of :class:`~daskann.npt.trainer.NPTTrainer`, trains in
+stretches between checkpoints: the cells write the checkpoint at the end of each stretch themselves,
+and the next stretch continues from their memory. A lost grid worker restarts the stretch from its
+starting state (the checkpoint before it) on the workers there are
+(:class:`~daskann.npt._run.Replays`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 import uuid
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 from distributed import Future
@@ -34,8 +41,8 @@ from distributed import Future
 from daskann import config
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import check_float, check_int, invalid
-from daskann.cluster import wait_watching, workers_left
-from daskann.exceptions import DivergenceCause, LostWorkersError, ResidentError
+from daskann.cluster import wait_watching, worker_addresses, workers_left
+from daskann.exceptions import DivergenceCause, LostWorkersError, ResidentError, WorkerLost
 from daskann.nn import MLP
 from daskann.npt._exchange import (
     ExchangeAborted,
@@ -47,7 +54,7 @@ from daskann.npt._exchange import (
 from daskann.npt._kernels import validation_scores
 from daskann.npt._resident_layout import Layout
 from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
-from daskann.npt._run import HeldBlocks, RunStart, resident_worker_times
+from daskann.npt._run import HeldBlocks, Replays, RunRecord, RunSpec, RunStart, resident_worker_times
 from daskann.npt.grid import split_bounds
 from daskann.npt.matrix import block_digests, blocks_to_dask
 
@@ -59,6 +66,7 @@ __all__ = [
     "RunStart",
     "current_workers",
     "exchange_latency",
+    "run_resident",
     "train_resident",
 ]
 
@@ -302,6 +310,94 @@ def train_resident(
     )
     cells, results = _run_cells(client, run, payloads, previous, keep=keep)
     return _result(run, settings, dtype, results, cells, validation, keep=keep)
+
+
+# -- a run: stretches between checkpoints ---------------------------------------
+def run_resident(client, run: RunSpec, start: RunStart, record: RunRecord) -> None:
+    """Resident mode from ``start`` on ``record.grid``: history rows, grid and the cells' state go into ``record``."""
+    t0 = time.perf_counter() - run.time_offset
+    budget = config.count("npt.resident-restarts") if run.max_recoveries is None else run.max_recoveries
+    replays = Replays(
+        client, record.grid, what="resident training", budget=budget, timeout=run.timeout, error=ResidentLostWorkers
+    )
+    for stop in sorted(run.checkpoint_steps | {run.stop}):
+        if stop <= start.step:
+            continue
+        save = run.on_checkpoint if stop in run.checkpoint_steps else None
+        try:
+            result, path, began = replays.run(start, partial(_stretch, client, run, stop=stop, save=save))
+        finally:
+            record.grid, record.recoveries = replays.grid, replays.tries
+        _add_rows(run, result, start.step, began - t0, time.perf_counter() - began, record)
+        record.state = result.state
+        if result.diverged_step is not None:
+            # the cells rolled back to the last finite state
+            record.diverged = (result.diverged_step, result.diverged_what)
+            return
+        # the next stretch continues from the cells' memory, or after a lost worker, from the store
+        start = RunStart(stop, path=path, state=result.state)
+
+
+def _stretch(client, run: RunSpec, grid, start: RunStart, number: int, *, stop: int, save):
+    """Try ``number`` at steps ``start.step .. stop - 1`` on ``grid``; :class:`WorkerLost` if a grid worker left.
+
+    With ``save`` (:attr:`RunSpec.on_checkpoint`), the cells then write the checkpoint of step ``stop``.
+    Returns the result, the checkpoint's path (or None) and when the try began.
+    """
+    began = time.perf_counter()
+    try:
+        result = train_resident(
+            client,
+            grid,
+            start=start,
+            sizes=run.sizes,
+            keep=True,
+            X=run.X,
+            y=run.y,
+            order=run.order,
+            settings=run.settings,
+            stop=stop,
+            run_id=f"{run.run_id}-r{number}",
+            timeout=run.timeout,
+            eval_fn=(lambda d: d in run.eval_steps) if run.eval_steps else None,
+            validation=run.validation,
+        )
+        path = None
+        if save is not None and result.diverged_step is None:
+            state = result.state
+            path = save(stop, state.layout.store_layout(state.dtype), state.save)
+        return result, path, began
+    except ResidentError as exc:
+        if set(grid.workers) <= set(worker_addresses(client)):
+            raise
+        # a worker left: restart this stretch from its starting state on the workers there are
+        raise WorkerLost(str(exc), None) from exc
+
+
+def _add_rows(
+    run: RunSpec, result: ResidentResult, start: int, clock: float, elapsed: float, record: RunRecord
+) -> None:
+    """History rows of a stretch that began ``clock`` seconds into the run and took ``elapsed``.
+
+    The stretch's wall time is shared out over its steps in proportion to each step's compute and comm time.
+    """
+    busy = sum(r["compute_time"] + r["comm_time"] for r in result.rows) or 1.0
+    for k, row in enumerate(result.rows):
+        done = start + k + 1
+        clock += (row["compute_time"] + row["comm_time"]) * elapsed / busy
+        values = {
+            "loss": row["loss"],
+            "time": clock,
+            "compute_time": row["compute_time"],
+            "comm_time": row["comm_time"],
+            "bytes_moved": float(row["bytes_moved"]),
+        }
+        # evaluated by the cells: neither the model nor the validation data came to the client
+        values.update(result.evaluations.get(done, {}))
+        record.history.append(done, **values)
+        record.worker_times[done] = row["workers"]
+        if run.progress is not None:
+            run.progress(done, row["loss"])
 
 
 # -- set-up --------------------------------------------------------------------

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import uuid
 
+import dask.array as da
 import numpy as np
 
 from daskann import store
 from daskann._base import BaseTrainer, TrainingDiverged
+from daskann._dask_input import is_dask_array
 from daskann._history import HistoryRecorder
 from daskann._validation import Activation, Loss, NPTMode
 from daskann.cluster import check_worker_memory, current_client, worker_addresses
-from daskann.nn import MLP, SGD
+from daskann.nn import MLP, SGD, activate
 from daskann.npt._graph_run import run_graph
-from daskann.npt._grid_results import GridResults
-from daskann.npt._run import RunRecord, RunSpec, RunStart
+from daskann.npt._run import FinalState, RunRecord, RunSpec, RunStart
 from daskann.npt._setup import (
     CHAINS,
     NPTEngineOptions,
@@ -28,7 +29,7 @@ from daskann.npt.costmodel import pipeline_chains
 from daskann.npt.grid import ProcessGrid
 
 
-class NPTTrainer(GridResults, BaseTrainer):
+class NPTTrainer(BaseTrainer):
     """Network-parallel training: every matrix product by Cannon's algorithm on a worker grid.
 
     Weights, biases, momentum and activations are cut into blocks that stay on
@@ -275,7 +276,7 @@ class NPTTrainer(GridResults, BaseTrainer):
             engine = run_graph
         else:
             # on first use, so that a graph-mode run does not load the resident engine
-            from daskann.npt._resident_run import run_resident as engine
+            from daskann.npt.resident import run_resident as engine
 
         bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=begin.step)
         offset = history.last_value("time", default=0.0)
@@ -385,6 +386,134 @@ class NPTTrainer(GridResults, BaseTrainer):
         if self._npt["pipeline"] != "auto":
             return CHAINS[self._npt["pipeline"]]
         return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
+
+    # -- results, read where they live ----------------------------------------------
+    # After a run the final state stays on the grid's cells (_grid_state) and, with a checkpoint folder, in
+    # the last store they wrote (_final_store): model_ and velocity_ are read when first touched, weights_ and
+    # biases_ are dask arrays over the cells' blocks, and predictions run on the grid while the client does
+    # not hold the model.
+    @property
+    def model_(self) -> MLP:
+        """The trained network (numpy arrays), read when first touched.
+
+        From the final checkpoint the grid's cells wrote, else gathered from the grid; until then
+        the client holds no block.
+        """
+        if self.__dict__.get("_model") is None:
+            self._load_final()
+        return self._model
+
+    @model_.setter
+    def model_(self, value) -> None:
+        self._model = value
+
+    @property
+    def velocity_(self) -> list:
+        """SGD velocity per parameter (``model_.params`` order), read with :attr:`model_`."""
+        if self.__dict__.get("_model") is None:
+            self._load_final()
+        return self._velocity
+
+    @velocity_.setter
+    def velocity_(self, value) -> None:
+        self._velocity = value
+
+    def _load_final(self) -> None:
+        self._model, self._velocity = self._read_final()
+
+    def _read_final(self) -> tuple:
+        """Model and velocity from the last store the cells wrote, else gathered from the grid."""
+        path = self.__dict__.get("_final_store")
+        if path is not None:
+            ckpt = store.load_checkpoint(path)
+            return ckpt.model, ckpt.velocity
+        state = self._live_grid_state()
+        if state is None:
+            raise AttributeError(f"{type(self).__name__} has no model_ (not fitted, or its grid is gone)")
+        return state.gather(self._settings)
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return any(self.__dict__.get(name) is not None for name in ("_model", "_final_store")) or (
+            self._live_grid_state() is not None
+        )
+
+    def _grid_client(self):
+        """The client of the final grid state while its cluster runs, else None."""
+        state = self._live_grid_state()
+        if state is None or self.__dict__.get("_model") is not None:
+            return None
+        return state.client
+
+    def _compute(self, array) -> np.ndarray:
+        client = self._grid_client()
+        return client.compute(array, sync=True) if client is not None else super()._compute(array)
+
+    def _logits(self, X):
+        """Computed on the grid, from :attr:`weights_`, while the client does not hold the model.
+
+        Each layer is ``A @ W + b`` on dask arrays chunked as the grid's blocks; numpy ``X`` is
+        scattered once (not held in the graph), dask-array ``X`` is read where it is and the result
+        stays lazy.
+        """
+        client = self._grid_client()
+        if client is None:
+            return super()._logits(X)
+        lazy = is_dask_array(X)
+        if not lazy:
+            # a key of its own: a re-scattered twin of a key being released would lose its data
+            X = da.from_delayed(client.scatter(X, hash=False), X.shape, dtype=X.dtype)
+        settings, weights, biases = self._settings, self.weights_, self.biases_
+        A = X.rechunk({1: weights[0].chunks[0]})
+        for W, b in zip(weights, biases, strict=True):
+            Z = A @ W + b
+            A = Z.map_blocks(activate, settings["activation"], settings["negative_slope"], dtype=Z.dtype)
+        Z = Z.rechunk({1: -1})
+        return Z if lazy else client.compute(Z, sync=True)
+
+    @property
+    def weights_(self) -> list:
+        """Trained weight matrices as dask arrays whose chunks are the grid's blocks, where they live.
+
+        Built from the final state's block futures (in resident mode, chunked on the virtual Cannon
+        grid's blocks): nothing moves until computed (on the trainer's client, e.g.
+        ``client.compute(w)``). Once the embedded cluster of ``client=None`` is closed, numpy arrays
+        of :attr:`model_`.
+        """
+        state = self._live_grid_state()
+        if state is None:
+            return super().weights_
+        return state.weights()
+
+    @property
+    def biases_(self) -> list:
+        """Trained bias vectors, as :attr:`weights_` (one chunk per grid column, on its column's first cell)."""
+        state = self._live_grid_state()
+        if state is None:
+            return super().biases_
+        return state.biases()
+
+    def __getstate__(self):
+        # the final state's futures belong to one live client, and a copy may load where neither the grid nor
+        # the checkpoint folder is: the copy holds the model itself; the live trainer keeps reading where it is
+        state = super().__getstate__()
+        state.pop("_grid_state", None)
+        if state.get("_model") is None and (
+            state.get("_final_store") is not None or self._live_grid_state() is not None
+        ):
+            state["_model"], state["_velocity"] = self._read_final()
+        return state
+
+    def _live_grid_state(self) -> FinalState | None:
+        """The final state on the grid while its cluster runs (an embedded cluster is closed after ``fit``)."""
+        state = getattr(self, "_grid_state", None)
+        if state is None or not state.futures:
+            return None
+        return state if state.client.status == "running" else None
+
+    def _keep_if_closing(self) -> None:
+        """Gather a final state held on the grid alone while its cluster runs, if that cluster closes after fit."""
+        if self._final_store is None and self.client is None and self._live_grid_state() is not None:
+            self.model_, self.velocity_ = self._grid_state.gather(self._settings)
 
 
 def _sized(sizes) -> MLP:
