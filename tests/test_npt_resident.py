@@ -32,6 +32,7 @@ from daskann.npt.resident import (
     ResidentError,
     RunStart,
     _gather_on,
+    _gather_state,
     _payloads,
     current_workers,
     exchange_latency,
@@ -207,9 +208,12 @@ def test_layout_of_a_rectangular_grid():
     assert all(len(layout.cells_of(w)) == 2 for w in grid.workers)
     assert {c[1] for c in layout.cells_of(grid.owner(1, 3))} == {3}
     model = MLP((7, 10, 5), seed=0)
-    held = HeldBlocks(model, [np.zeros_like(p) for p in model.params])
-    blocks = {cell: block for w in grid.workers for (k, cell), block in layout.blocks(w, held)["W"].items() if k == 1}
-    np.testing.assert_array_equal(layout.assemble_weight(1, blocks, "float64"), model.weights[1])
+    held = HeldBlocks(model, [np.random.default_rng(k).standard_normal(p.shape) for k, p in enumerate(model.params)])
+    states = [layout.blocks(w, held) for w in grid.workers]
+    net = {"activation": "relu", "output": "linear", "negative_slope": 0.01}
+    assembled, velocity = _gather_state(layout, net, states, model.dtype, velocity=True)
+    for got, want in zip([*assembled.params, *velocity], [*model.params, *held.velocity], strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_each_worker_gets_only_its_column_bands(regression):

@@ -18,8 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from daskann.npt._run import checkpoint_layout, layer_arrays
 from daskann.npt.grid import ProcessGrid, split_bounds
 
@@ -112,17 +110,3 @@ class Layout:
     def store_layout(self, dtype) -> dict:
         """The arrays of a checkpoint of this net cut into this layout's blocks (:class:`daskann.store.BlockArray`)."""
         return checkpoint_layout(self.sizes, dtype, lambda k: (self.features[k], self.features[k + 1]))
-
-    def assemble_weight(self, layer: int, blocks: dict, dtype) -> np.ndarray:
-        out = np.empty((self.sizes[layer], self.sizes[layer + 1]), dtype=dtype)
-        for (k, j), block in blocks.items():
-            (r0, r1), (c0, c1) = self.features[layer][k], self.features[layer + 1][j]
-            out[r0:r1, c0:c1] = block
-        return out
-
-    def assemble_bias(self, layer: int, blocks: dict, dtype) -> np.ndarray:
-        out = np.empty(self.sizes[layer + 1], dtype=dtype)
-        for j, block in blocks.items():
-            c0, c1 = self.features[layer + 1][j]
-            out[c0:c1] = block
-        return out

@@ -157,6 +157,35 @@ def checkpoint_layout(sizes, dtype, weight_bounds) -> dict:
     return layout
 
 
+def assembled_state(sizes, dtype, blocks, settings: dict) -> tuple[MLP, list | None]:
+    """The model and velocity that ``blocks`` cover, on the client: the inverse of a block source.
+
+    ``blocks`` gives ``(array, region, block)``, arrays named as in a checkpoint (:func:`layer_arrays`)
+    and regions as in :meth:`SeededBlocks.read`; ``settings`` gives the net's ``activation``, ``output``
+    and ``negative_slope``. The velocity is None when no block of it came.
+    """
+    arrays = {}
+    for array, region, block in blocks:
+        if array not in arrays:
+            kind, index = _parse(array)
+            layer = index // 2 if kind == "velocity" else index
+            is_weight = kind == "weights" or (kind == "velocity" and index % 2 == 0)
+            shape = (sizes[layer], sizes[layer + 1]) if is_weight else (sizes[layer + 1],)
+            arrays[array] = np.empty(shape, dtype=dtype)
+        arrays[array][tuple(slice(a, b) for a, b in region)] = block
+    names = [layer_arrays(k) for k in range(len(sizes) - 1)]
+    model = MLP.from_arrays(
+        [arrays[weights] for weights, _, _, _ in names],
+        [arrays[biases] for _, _, biases, _ in names],
+        **{k: settings[k] for k in ("activation", "output", "negative_slope")},
+    )
+    if names[0][1] not in arrays:
+        return model, None
+    return model, [
+        arrays[v] for _, weight_velocity, _, bias_velocity in names for v in (weight_velocity, bias_velocity)
+    ]
+
+
 def _parse(array: str) -> tuple[str, int]:
     kind, index = array.split("/")
     return kind, int(index)

@@ -34,7 +34,7 @@ import numpy as np
 from daskann._dask_input import is_dask_array, materialize
 from daskann.nn import MLP
 from daskann.npt import _kernels
-from daskann.npt._run import HeldBlocks, RunStart, checkpoint_layout, layer_arrays
+from daskann.npt._run import HeldBlocks, RunStart, assembled_state, checkpoint_layout, layer_arrays
 from daskann.npt.cannon import TrafficLedger, add_product
 from daskann.npt.grid import ProcessGrid, split_bounds
 from daskann.npt.matrix import Block, GraphBuilder, GridMatrix, block_digests, blocks_to_dask, scatter_to
@@ -72,13 +72,22 @@ class GridState:
     def gather(self, settings: dict) -> tuple[MLP, list]:
         """Model and velocity on the client (``settings``: activation, output, negative_slope)."""
         values = dict(zip(self.futures, self.client.gather(list(self.futures.values())), strict=True))
-        weights, biases, velocity = [], [], []
-        for W, V, line in zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True):
-            weights.append(_assemble(W, values))
-            biases.append(np.concatenate([values[blk.key]["b"] for blk in line]))
-            velocity += [_assemble(V, values), np.concatenate([values[blk.key]["v"] for blk in line])]
-        net = {k: settings[k] for k in ("activation", "output", "negative_slope")}
-        return MLP.from_arrays(weights, biases, **net), velocity
+
+        def blocks():
+            mats = zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True)
+            for layer, (W, V, line) in enumerate(mats):
+                weights, weight_velocity, biases, bias_velocity = layer_arrays(layer)
+                for array, mat in ((weights, W), (weight_velocity, V)):
+                    for i, r in enumerate(mat.row_bounds):
+                        for j, c in enumerate(mat.col_bounds):
+                            blk = mat.blocks[i][j]
+                            yield array, (r, c), _kernels.operand(blk.spec(values[blk.key]))
+                for blk, c in zip(line, W.col_bounds, strict=True):
+                    yield biases, (c,), values[blk.key]["b"]
+                    yield bias_velocity, (c,), values[blk.key]["v"]
+
+        sizes = [W.shape[0] for W in self.weight_mats] + [self.weight_mats[-1].shape[1]]
+        return assembled_state(sizes, self.weight_mats[0].dtype, blocks(), settings)
 
     def save(self, tmp, gather=None) -> dict:
         """Every block written into the open checkpoint store ``tmp`` by its cell: ``{array: {"i.j": sha256}}``.
@@ -591,15 +600,6 @@ class GraphEngine:
         """The step's mean loss from the last layer's bias dicts."""
         total = sum(p["loss"] for p in parts if "loss" in p)
         return _kernels.mean_loss(total, self.settings["loss"], n_batch, self.sizes[-1])
-
-
-def _assemble(mat: GridMatrix, values: dict) -> np.ndarray:
-    out = np.empty(mat.shape, dtype=mat.dtype)
-    for i, (r0, r1) in enumerate(mat.row_bounds):
-        for j, (c0, c1) in enumerate(mat.col_bounds):
-            blk = mat.blocks[i][j]
-            out[r0:r1, c0:c1] = _kernels.operand(blk.spec(values[blk.key]))
-    return out
 
 
 def _read_weight(source, layer: int, rows, cols, kind: str):

@@ -54,7 +54,16 @@ from daskann.npt._exchange import (
 from daskann.npt._kernels import validation_scores
 from daskann.npt._resident_layout import Layout
 from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
-from daskann.npt._run import HeldBlocks, Replays, RunRecord, RunSpec, RunStart, resident_worker_times
+from daskann.npt._run import (
+    HeldBlocks,
+    Replays,
+    RunRecord,
+    RunSpec,
+    RunStart,
+    assembled_state,
+    layer_arrays,
+    resident_worker_times,
+)
 from daskann.npt.grid import split_bounds
 from daskann.npt.matrix import block_digests, blocks_to_dask
 
@@ -750,25 +759,18 @@ def _evaluations(results: list[dict], loss: str, n_val: int, n_out: int) -> dict
 
 
 def _gather_state(layout: Layout, settings: dict, states, dtype, *, velocity: bool = False):
-    n = layout.n_layers
-    parts = {name: [dict() for _ in range(n)] for name in ("W", "b", "vW", "vb")}
-    for state in states:
-        for name in parts if velocity else ("W", "b"):
-            for (layer, where), block in state[name].items():
-                parts[name][layer][where] = block
-    weights = [layout.assemble_weight(k, parts["W"][k], dtype) for k in range(n)]
-    biases = [layout.assemble_bias(k, parts["b"][k], dtype) for k in range(n)]
-    net = MLP.from_arrays(
-        weights,
-        biases,
-        activation=settings["activation"],
-        output=settings["output"],
-        negative_slope=settings["negative_slope"],
-    )
-    if not velocity:
-        return net, None
-    v = []
-    for k in range(n):
-        v.append(layout.assemble_weight(k, parts["vW"][k], dtype))
-        v.append(layout.assemble_bias(k, parts["vb"][k], dtype))
-    return net, v
+    """The model (and ``velocity``) from every worker's cell blocks (:func:`~daskann.npt._run.assembled_state`)."""
+    names = ("W", "vW", "b", "vb") if velocity else ("W", "b")
+    features = layout.features
+
+    def blocks():
+        for state in states:
+            for name in names:
+                for (k, where), block in state[name].items():
+                    array = layer_arrays(k)[("W", "vW", "b", "vb").index(name)]
+                    if name in ("W", "vW"):
+                        yield array, (features[k][where[0]], features[k + 1][where[1]]), block
+                    else:
+                        yield array, (features[k + 1][where],), block
+
+    return assembled_state(layout.sizes, dtype, blocks(), settings)
