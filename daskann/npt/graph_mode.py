@@ -190,8 +190,9 @@ class GraphEngine:
         Validated trainer settings.
     prefix : str
         Per-run (and per-attempt) key prefix.
-    chains : {1, 2}
-        Accumulation chains per block product (see :mod:`daskann.npt.cannon`).
+    chains : {0, 1, 2}
+        Tasks per output block of a product: 0 one fused task, 1 or 2 accumulation chains
+        (see :mod:`daskann.npt.cannon`).
     """
 
     def __init__(self, client, grid: ProcessGrid, *, sizes, settings: dict, prefix: str, chains: int = 2):
