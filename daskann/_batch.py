@@ -47,10 +47,18 @@ def is_batch_cluster(cluster) -> bool:
     return hasattr(cluster, "job_cls") and hasattr(cluster, "job_script")
 
 
+#: scheduler statuses of a worker on its way out: retiring (at its job's walltime, ``--lifetime``) or closing
+LEAVING = ("closing_gracefully", "closing", "closed")
+
+
 def connected(c) -> dict[str, str]:
-    """``{address: name}`` of the workers connected to ``c``'s scheduler, asked of the scheduler itself."""
+    """``{address: name}`` of the workers connected to ``c``'s scheduler and staying, asked of the scheduler itself.
+
+    A worker that is leaving is not counted: its job is ending, and the job that replaces it is still to
+    come (:func:`pending`), so a wait for replacements does not end on workers about to go.
+    """
     info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]
-    return {addr: str(w.get("name")) for addr, w in info.items()}
+    return {addr: str(w.get("name")) for addr, w in info.items() if w.get("status") not in LEAVING}
 
 
 def expected(c) -> set[str]:

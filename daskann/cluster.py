@@ -759,10 +759,6 @@ def in_worker_task() -> bool:
     return True
 
 
-#: worker states of a worker on its way out (retiring at ``--lifetime``, closing): no new work goes there
-LEAVING = ("closing_gracefully", "closing", "closed")
-
-
 def worker_addresses(c: Client) -> list[str]:
     """Addresses of the client's workers, sorted by worker name for a stable order.
 
@@ -770,9 +766,7 @@ def worker_addresses(c: Client) -> list[str]:
     refreshed in the background with a copy that lists no workers. Workers that
     are leaving (a batch job's worker retiring before its walltime) are left out.
     """
-    info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]
-    staying = {addr: w for addr, w in info.items() if w.get("status") not in LEAVING}
-    return [addr for addr, _ in sorted(staying.items(), key=lambda kv: (str(kv[1].get("name")), kv[0]))]
+    return [addr for addr, _ in sorted(_batch.connected(c).items(), key=lambda kv: (kv[1], kv[0]))]
 
 
 def workers_left(c: Client, workers, *, listed=worker_addresses) -> list[str]:
