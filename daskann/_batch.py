@@ -176,7 +176,8 @@ def wait_for_replacements(c, n: int, *, grace: float, timeout: float | None = No
     batch = is_batch_cluster(cluster)
     next_report = time.monotonic() + REPORT_EVERY
     while len(now := connected(c)) < n:
-        waiting_for_jobs = batch and bool(pending(c))
+        # jobs still to come, from the same look at the scheduler as the workers counted
+        waiting_for_jobs = batch and bool(expected(c) - set(now.values()))
         if time.monotonic() >= (bound if waiting_for_jobs else deadline):
             break
         if batch and time.monotonic() >= next_report:

@@ -407,17 +407,18 @@ def test_resolve_client(client2):
 class _RetiringPair:
     """A client of a batch cluster whose two workers retire at their walltime, then come back as new jobs.
 
-    The scheduler lists the retiring pair (status ``closing_gracefully``) for ``seconds``, then their
-    replacements under the same names and new addresses, as dask-jobqueue relaunches a job.
+    The scheduler lists the retiring pair (status ``closing_gracefully``) for its first ``looks`` answers,
+    then their replacements under the same names and new addresses, as dask-jobqueue relaunches a job.
     """
 
-    def __init__(self, seconds: float):
-        self.until = time.monotonic() + seconds
+    def __init__(self, looks: int):
+        self.looks = looks
         self.scheduler = self
         self.cluster = type("SLURMLike", (), {"job_cls": None, "job_script": None, "plan": {"job-0", "job-1"}})()
 
     def identity(self, n_workers):
-        if time.monotonic() < self.until:
+        self.looks -= 1
+        if self.looks >= 0:
             return {"workers": {f"tls://old-{k}": {"name": f"job-{k}", "status": "closing_gracefully"} for k in (0, 1)}}
         return {"workers": {f"tls://new-{k}": {"name": f"job-{k}", "status": "running"} for k in (0, 1)}}
 
@@ -428,8 +429,8 @@ class _RetiringPair:
 def test_workers_retiring_at_their_walltime_are_waited_for_not_counted():
     from daskann import _batch
 
-    c = _RetiringPair(seconds=1.5)
+    c = _RetiringPair(looks=6)
     assert _batch.connected(c) == {} and _batch.pending(c) == {"job-0", "job-1"}
     assert worker_addresses(c) == []
     # a replay waits for the jobs that replace them, past the grace of a nanny's restart in place
-    assert _batch.wait_for_replacements(c, 2, grace=0.0, timeout=30.0) == ["tls://new-0", "tls://new-1"]
+    assert _batch.wait_for_replacements(c, 2, grace=0.0, timeout=60.0) == ["tls://new-0", "tls://new-1"]
