@@ -107,6 +107,19 @@ class Layout:
                 parts["vb"][k, j] = source.read(bias_velocity, region)
         return parts
 
+    def named_blocks(self, parts: dict):
+        """The blocks of ``parts`` (some of ``W``, ``vW``, ``b``, ``vb``, keyed as :meth:`blocks` keys them)
+        as a checkpoint names them: ``(array, "i.j" or "j", region, block)``, the inverse of :meth:`blocks`."""
+        for name, held in parts.items():
+            position = ("W", "vW", "b", "vb").index(name)
+            for (k, where), block in held.items():
+                array = layer_arrays(k)[position]
+                if position < 2:
+                    i, j = where
+                    yield array, f"{i}.{j}", (self.features[k][i], self.features[k + 1][j]), block
+                else:
+                    yield array, str(where), (self.features[k + 1][where],), block
+
     def store_layout(self, dtype) -> dict:
         """The arrays of a checkpoint of this net cut into this layout's blocks (:class:`daskann.store.BlockArray`)."""
         return checkpoint_layout(self.sizes, dtype, lambda k: (self.features[k], self.features[k + 1]))

@@ -55,7 +55,6 @@ from daskann.npt._kernels import (
     squared_error,
 )
 from daskann.npt._resident_layout import Layout
-from daskann.npt._run import layer_arrays
 from daskann.store import write_block
 
 
@@ -609,21 +608,10 @@ def owned_blocks(result: dict, layout: Layout) -> dict:
 
 def save_blocks(result: dict, layout: Layout, tmp: str) -> list:
     """Write this worker's blocks into the open checkpoint store ``tmp``: ``[(array, "i.j", sha256), ...]``."""
-    state, out = owned_blocks(result, layout), []
-
-    def write(array, index, region, block):
-        out.append((array, index, write_block(tmp, array, region, block)))
-
-    for (k, (i, j)), w in state["W"].items():
-        weights, velocity, _, _ = layer_arrays(k)
-        region = (layout.features[k][i], layout.features[k + 1][j])
-        write(weights, f"{i}.{j}", region, w)
-        write(velocity, f"{i}.{j}", region, state["vW"][k, (i, j)])
-    for (k, j), b in state["b"].items():
-        _, _, biases, velocity = layer_arrays(k)
-        write(biases, str(j), (layout.features[k + 1][j],), b)
-        write(velocity, str(j), (layout.features[k + 1][j],), state["vb"][k, j])
-    return out
+    return [
+        (array, index, write_block(tmp, array, region, block))
+        for array, index, region, block in layout.named_blocks(owned_blocks(result, layout))
+    ]
 
 
 def block_of(result: dict, name: str, key) -> np.ndarray:

@@ -74,17 +74,9 @@ class GridState:
         values = dict(zip(self.futures, self.client.gather(list(self.futures.values())), strict=True))
 
         def blocks():
-            mats = zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True)
-            for layer, (W, V, line) in enumerate(mats):
-                weights, weight_velocity, biases, bias_velocity = layer_arrays(layer)
-                for array, mat in ((weights, W), (weight_velocity, V)):
-                    for i, r in enumerate(mat.row_bounds):
-                        for j, c in enumerate(mat.col_bounds):
-                            blk = mat.blocks[i][j]
-                            yield array, (r, c), _kernels.operand(blk.spec(values[blk.key]))
-                for blk, c in zip(line, W.col_bounds, strict=True):
-                    yield biases, (c,), values[blk.key]["b"]
-                    yield bias_velocity, (c,), values[blk.key]["v"]
+            for _, _, arrays, _, region, key, _, spec in self._located_blocks():
+                for array, block in _held(arrays, spec(values[key])):
+                    yield array, region, block
 
         sizes = [W.shape[0] for W in self.weight_mats] + [self.weight_mats[-1].shape[1]]
         return assembled_state(sizes, self.weight_mats[0].dtype, blocks(), settings)
@@ -97,9 +89,7 @@ class GridState:
         tmp = str(tmp)
         builder = GraphBuilder(self.client, f"{self.prefix}-save{self.step}-{uuid.uuid4().hex[:6]}")
         tasks = self._task_per_block(
-            builder,
-            lambda array, index, region, spec: (_save_block, tmp, array, index, region, spec),
-            lambda arrays, j, cols, ref: (_save_bias, tmp, arrays, j, cols, ref),
+            builder, lambda arrays, index, region, spec: (_save, tmp, arrays, index, region, spec)
         )
         keys = [key for _, key in tasks]
         futures = builder.submit(keys, keep=self.futures)
@@ -108,37 +98,41 @@ class GridState:
     def all_finite(self) -> tuple[bool, bool]:
         """(all weights and biases finite, all velocities finite), checked where they live."""
         builder = GraphBuilder(self.client, f"{self.prefix}-finite{self.step}-{uuid.uuid4().hex[:6]}")
-        tasks = self._task_per_block(
-            builder,
-            lambda array, index, region, spec: (_kernels.all_finite, spec),
-            lambda arrays, j, cols, ref: (_kernels.all_finite, ref),
-        )
+        tasks = self._task_per_block(builder, lambda arrays, index, region, spec: (_kernels.all_finite, spec))
         futures = builder.submit([key for _, key in tasks], keep=self.futures)
         ok = dict.fromkeys("wvb", True)
         for (tag, _), finite in zip(tasks, self.client.gather([futures[key] for _, key in tasks]), strict=True):
             ok[tag] = ok[tag] and bool(finite)
         return ok["w"] and ok["b"], ok["v"]
 
-    def _task_per_block(self, builder: GraphBuilder, weight_task, bias_task) -> list[tuple[str, str]]:
+    def _task_per_block(self, builder: GraphBuilder, task) -> list[tuple[str, str]]:
         """A task on the cell of every block, layer by layer: ``[(tag, key)]``, tag "w", "v" or "b".
 
-        ``weight_task(array, "i.j", (rows, cols), spec)`` and ``bias_task((bias array, its velocity's), j,
-        cols, ref)`` give ``(func, *args)``; arrays are named as in a checkpoint store.
+        ``task(arrays, index, region, spec)`` gives ``(func, *args)`` for a block as
+        :meth:`_located_blocks` places it, ``spec`` the task's argument that gives what it holds.
         """
         tasks = []
+        for tag, layer, arrays, index, region, key, owner, spec in self._located_blocks():
+            name = f"{builder.name}-{tag}{layer}-{index.replace('.', '-')}"
+            tasks.append((tag, builder.add(name, *task(arrays, index, region, spec(builder.ref(key))), owner=owner)))
+        return tasks
+
+    def _located_blocks(self):
+        """Every block where it lives, layer by layer: ``(tag, layer, arrays, index, region, key, owner, spec)``.
+
+        ``tag`` is "w" (weights), "v" (their velocity) or "b" (a bias with its velocity, graph mode's
+        ``{"b", "v"}``); ``arrays`` names what the block holds as a checkpoint store does, ``index``
+        ("i.j" or "j") and ``region`` place it there; ``spec(value of key)`` is what :func:`_held` reads.
+        """
         for layer, (W, V, line) in enumerate(zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True)):
             weights, weight_velocity, biases, bias_velocity = layer_arrays(layer)
             for tag, array, mat in (("w", weights, W), ("v", weight_velocity, V)):
                 for i, r in enumerate(mat.row_bounds):
                     for j, c in enumerate(mat.col_bounds):
                         blk = mat.blocks[i][j]
-                        task = weight_task(array, f"{i}.{j}", (r, c), blk.spec(builder.ref(blk.key)))
-                        key = builder.add(f"{builder.name}-{tag}{layer}-{i}-{j}", *task, owner=mat.owner(i, j))
-                        tasks.append((tag, key))
+                        yield tag, layer, (array,), f"{i}.{j}", (r, c), blk.key, mat.owner(i, j), blk.spec
             for j, (blk, c) in enumerate(zip(line, W.col_bounds, strict=True)):
-                task = bias_task((biases, bias_velocity), j, c, builder.ref(blk.key))
-                tasks.append(("b", builder.add(f"{builder.name}-b{layer}-{j}", *task, owner=W.grid.owner(0, j))))
-        return tasks
+                yield "b", layer, (biases, bias_velocity), str(j), (c,), blk.key, W.grid.owner(0, j), _whole
 
     def weights(self) -> list:
         """One dask array per layer whose chunks are the blocks, read where they live."""
@@ -617,13 +611,18 @@ def _read_bias(source, layer: int, cols) -> dict:
     return {"b": source.read(biases, (cols,)), "v": source.read(velocity, (cols,))}
 
 
-def _save_block(tmp: str, array: str, index: str, region, spec) -> list:
-    """Write one weight or velocity block (an operand spec) into the open store ``tmp``."""
-    return [(array, index, write_block(tmp, array, region, _kernels.operand(spec)))]
+def _whole(value):
+    return value
 
 
-def _save_bias(tmp: str, names, j: int, cols, value: dict) -> list:
-    """Write a bias block and its velocity (graph mode's ``{"b", "v"}``) into the open store ``tmp``."""
-    return [
-        (name, str(j), write_block(tmp, name, (cols,), value[part])) for name, part in zip(names, "bv", strict=True)
-    ]
+def _held(arrays, value) -> list:
+    """What a located block holds, ``[(array, block)]``: a weight or velocity block (``value`` an operand
+    spec), or a bias and its velocity (``value`` graph mode's ``{"b", "v"}``)."""
+    if len(arrays) == 2:
+        return [(arrays[0], value["b"]), (arrays[1], value["v"])]
+    return [(arrays[0], _kernels.operand(value))]
+
+
+def _save(tmp: str, arrays, index: str, region, value) -> list:
+    """Write what a located block holds (:func:`_held`) into the open store ``tmp``."""
+    return [(array, index, write_block(tmp, array, region, block)) for array, block in _held(arrays, value)]

@@ -61,7 +61,6 @@ from daskann.npt._run import (
     RunSpec,
     RunStart,
     assembled_state,
-    layer_arrays,
     resident_worker_times,
 )
 from daskann.npt.grid import split_bounds
@@ -761,16 +760,9 @@ def _evaluations(results: list[dict], loss: str, n_val: int, n_out: int) -> dict
 def _gather_state(layout: Layout, settings: dict, states, dtype, *, velocity: bool = False):
     """The model (and ``velocity``) from every worker's cell blocks (:func:`~daskann.npt._run.assembled_state`)."""
     names = ("W", "vW", "b", "vb") if velocity else ("W", "b")
-    features = layout.features
-
-    def blocks():
-        for state in states:
-            for name in names:
-                for (k, where), block in state[name].items():
-                    array = layer_arrays(k)[("W", "vW", "b", "vb").index(name)]
-                    if name in ("W", "vW"):
-                        yield array, (features[k][where[0]], features[k + 1][where[1]]), block
-                    else:
-                        yield array, (features[k + 1][where],), block
-
-    return assembled_state(layout.sizes, dtype, blocks(), settings)
+    blocks = (
+        (array, region, block)
+        for state in states
+        for array, _, region, block in layout.named_blocks({name: state[name] for name in names})
+    )
+    return assembled_state(layout.sizes, dtype, blocks, settings)
