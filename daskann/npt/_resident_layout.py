@@ -94,31 +94,30 @@ class Layout:
         and verified), or a model the client holds.
         """
         cells = self.cells_of(worker)
+        columns = sorted({j for _, j in cells})
         parts = {"W": {}, "vW": {}, "b": {}, "vb": {}}
         for k in range(self.n_layers):
-            weights, weight_velocity, biases, bias_velocity = layer_arrays(k)
-            for cell in cells:
-                region = (self.features[k][cell[0]], self.features[k + 1][cell[1]])
-                parts["W"][k, cell] = source.read(weights, region)
-                parts["vW"][k, cell] = source.read(weight_velocity, region)
-            for j in sorted({j for _, j in cells}):
-                region = (self.features[k + 1][j],)
-                parts["b"][k, j] = source.read(biases, region)
-                parts["vb"][k, j] = source.read(bias_velocity, region)
+            for name, places in (("W", cells), ("vW", cells), ("b", columns), ("vb", columns)):
+                for where in places:
+                    array, _, region = self._placed(name, k, where)
+                    parts[name][k, where] = source.read(array, region)
         return parts
 
     def named_blocks(self, parts: dict):
         """The blocks of ``parts`` (some of ``W``, ``vW``, ``b``, ``vb``, keyed as :meth:`blocks` keys them)
         as a checkpoint names them: ``(array, "i.j" or "j", region, block)``, the inverse of :meth:`blocks`."""
         for name, held in parts.items():
-            position = ("W", "vW", "b", "vb").index(name)
             for (k, where), block in held.items():
-                array = layer_arrays(k)[position]
-                if position < 2:
-                    i, j = where
-                    yield array, f"{i}.{j}", (self.features[k][i], self.features[k + 1][j]), block
-                else:
-                    yield array, str(where), (self.features[k + 1][where],), block
+                yield *self._placed(name, k, where), block
+
+    def _placed(self, name: str, k: int, where) -> tuple:
+        """Where block ``where`` (a cell, or a column for a bias) of ``name`` in layer ``k`` lies in a checkpoint:
+        ``(array, "i.j" or "j", region)``."""
+        array = layer_arrays(k)[("W", "vW", "b", "vb").index(name)]
+        if name in ("W", "vW"):
+            i, j = where
+            return array, f"{i}.{j}", (self.features[k][i], self.features[k + 1][j])
+        return array, str(where), (self.features[k + 1][where],)
 
     def store_layout(self, dtype) -> dict:
         """The arrays of a checkpoint of this net cut into this layout's blocks (:class:`daskann.store.BlockArray`)."""
