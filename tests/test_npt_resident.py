@@ -25,7 +25,7 @@ from daskann.data import make_linear
 from daskann.nn import MLP, SGD
 from daskann.npt import NPTTrainer
 from daskann.npt._exchange import ExchangeAborted, ExchangeTimeout, Mailbox, open_namespaces
-from daskann.npt._resident_layout import Layout
+from daskann.npt._resident_program import Layout
 from daskann.npt._run import HeldBlocks
 from daskann.npt.grid import ProcessGrid
 from daskann.npt.resident import (

@@ -52,8 +52,7 @@ from daskann.npt._exchange import (
     exchange_latency,
 )
 from daskann.npt._kernels import validation_scores
-from daskann.npt._resident_layout import Layout
-from daskann.npt._resident_program import block_of, owned_blocks, run_worker, save_blocks, summary
+from daskann.npt._resident_program import Layout, block_of, owned_blocks, run_worker, save_blocks, summary
 from daskann.npt._run import (
     HeldBlocks,
     Replays,
