@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import traceback
 import uuid
 
 # scikit-learn's check_array_api_input runs (rather than skips) only with SciPy's array API mode on,
@@ -192,6 +193,13 @@ def no_tasks_submitted(c: Client):
     assert not watch.keys, (
         f"{len(watch.keys)} keys reached the scheduler (e.g. {watch.keys[:3]}); bad input must fail before submitting"
     )
+
+
+def cli_failure(result) -> str:
+    """What a click command printed and, when it raised, where: the message of a failed ``CliRunner`` run."""
+    if result.exc_info is None or isinstance(result.exception, SystemExit):
+        return result.output
+    return result.output + "".join(traceback.format_exception(*result.exc_info))
 
 
 def run_notebook(path, timeout: int = 600, cwd=None):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import no_tasks_submitted, restore_workers, run_notebook
+from conftest import cli_failure, no_tasks_submitted, restore_workers, run_notebook
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -511,7 +511,7 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
             str(tmp_path / "run"),
         ],
     )
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 0, cli_failure(out)
     summary = json.loads(out.output)
     assert summary["method"] == "npt" and summary["grid"] == "1x2" and summary["mode"] == "graph"
     assert summary["steps"] == 6 and (tmp_path / "run" / "model.zarr").exists()
@@ -520,7 +520,7 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
     assert bad.exit_code != 0 and "share_workers=True" in bad.output
 
     out = runner.invoke(plan_command, ["--address", address, "--hidden", "256,256", "--batch-size", "128"])
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 0, cli_failure(out)
     assert "grid='auto' takes" in out.output and "2x2" in out.output and "1x1" in out.output
 
     out = runner.invoke(
@@ -545,7 +545,7 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
             str(tmp_path / "bench"),
         ],
     )
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 0, cli_failure(out)
     result = json.loads((tmp_path / "bench" / "bench-npt.json").read_text())
     modes = {r["mode"] for r in result["table"]}
     assert {"serial", "graph", "dask"} <= modes and any(m.startswith("auto-") for m in modes)
@@ -579,7 +579,7 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
             str(tmp_path / "bench-graph"),
         ],
     )
-    assert out.exit_code == 0, out.output
+    assert out.exit_code == 0, cli_failure(out)
     assert "large_graph_vs_peer" not in json.loads((tmp_path / "bench-graph" / "bench-npt.json").read_text())["checks"]
 
 
