@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import operator
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +44,19 @@ from daskann.store import write_block
 
 # largest weight block (bytes) stored with its velocity under one key in fused mode
 PACK_LIMIT = 64 * 2**10
+
+
+class LocatedBlock(NamedTuple):
+    """A block of a :class:`GridState` where it lives, named as a checkpoint store names it."""
+
+    tag: str  # "w" weights, "v" their velocity, "b" a bias with its velocity (graph mode's {"b", "v"})
+    layer: int
+    arrays: tuple  # the checkpoint arrays of what it holds: one, or a bias's and its velocity's
+    index: str  # "i.j" (or "j" for a bias) in those arrays
+    region: tuple  # its bounds in those arrays
+    key: str
+    owner: str
+    spec: Callable  # spec(the key's value): what :func:`_held` reads
 
 
 @dataclass
@@ -74,9 +89,9 @@ class GridState:
         values = dict(zip(self.futures, self.client.gather(list(self.futures.values())), strict=True))
 
         def blocks():
-            for _, _, arrays, _, region, key, _, spec in self._located_blocks():
-                for array, block in _held(arrays, spec(values[key])):
-                    yield array, region, block
+            for located in self._located_blocks():
+                for array, block in _held(located.arrays, located.spec(values[located.key])):
+                    yield array, located.region, block
 
         sizes = [W.shape[0] for W in self.weight_mats] + [self.weight_mats[-1].shape[1]]
         return assembled_state(sizes, self.weight_mats[0].dtype, blocks(), settings)
@@ -108,31 +123,28 @@ class GridState:
     def _task_per_block(self, builder: GraphBuilder, task) -> list[tuple[str, str]]:
         """A task on the cell of every block, layer by layer: ``[(tag, key)]``, tag "w", "v" or "b".
 
-        ``task(arrays, index, region, spec)`` gives ``(func, *args)`` for a block as
-        :meth:`_located_blocks` places it, ``spec`` the task's argument that gives what it holds.
+        ``task(arrays, index, region, value)`` gives ``(func, *args)`` for a :class:`LocatedBlock`,
+        ``value`` the task's argument that gives what it holds.
         """
         tasks = []
         for tag, layer, arrays, index, region, key, owner, spec in self._located_blocks():
             name = f"{builder.name}-{tag}{layer}-{index.replace('.', '-')}"
-            tasks.append((tag, builder.add(name, *task(arrays, index, region, spec(builder.ref(key))), owner=owner)))
+            args = task(arrays, index, region, spec(builder.ref(key)))
+            tasks.append((tag, builder.add(name, *args, owner=owner)))
         return tasks
 
     def _located_blocks(self):
-        """Every block where it lives, layer by layer: ``(tag, layer, arrays, index, region, key, owner, spec)``.
-
-        ``tag`` is "w" (weights), "v" (their velocity) or "b" (a bias with its velocity, graph mode's
-        ``{"b", "v"}``); ``arrays`` names what the block holds as a checkpoint store does, ``index``
-        ("i.j" or "j") and ``region`` place it there; ``spec(value of key)`` is what :func:`_held` reads.
-        """
+        """Every block where it lives, layer by layer (:class:`LocatedBlock`)."""
         for layer, (W, V, line) in enumerate(zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True)):
             weights, weight_velocity, biases, bias_velocity = layer_arrays(layer)
             for tag, array, mat in (("w", weights, W), ("v", weight_velocity, V)):
                 for i, r in enumerate(mat.row_bounds):
                     for j, c in enumerate(mat.col_bounds):
                         blk = mat.blocks[i][j]
-                        yield tag, layer, (array,), f"{i}.{j}", (r, c), blk.key, mat.owner(i, j), blk.spec
+                        yield LocatedBlock(tag, layer, (array,), f"{i}.{j}", (r, c), blk.key, mat.owner(i, j), blk.spec)
             for j, (blk, c) in enumerate(zip(line, W.col_bounds, strict=True)):
-                yield "b", layer, (biases, bias_velocity), str(j), (c,), blk.key, W.grid.owner(0, j), _whole
+                owner = W.grid.owner(0, j)
+                yield LocatedBlock("b", layer, (biases, bias_velocity), str(j), (c,), blk.key, owner, _whole)
 
     def weights(self) -> list:
         """One dask array per layer whose chunks are the blocks, read where they live."""
@@ -612,6 +624,7 @@ def _read_bias(source, layer: int, cols) -> dict:
 
 
 def _whole(value):
+    """A bias block's value, read whole (its ``{"b", "v"}`` dict)."""
     return value
 
 
