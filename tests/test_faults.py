@@ -52,8 +52,8 @@ pytestmark = pytest.mark.usefixtures("mgrit_study")
 N_WORKERS = 4
 
 
-def _chaos_cluster():
-    """A 4-process cluster whose scheduler forgets a silent worker after 20 s.
+def _chaos_cluster(n_workers=N_WORKERS):
+    """A cluster of ``n_workers`` processes whose scheduler forgets a silent worker after 20 s.
 
     A worker killed while it registers may never close its stream to the
     scheduler; with the default time-to-live (5 minutes) the scheduler would
@@ -62,21 +62,25 @@ def _chaos_cluster():
     import dask
 
     with dask.config.set({"distributed.scheduler.worker-ttl": "20s"}):
-        return local_cluster(N_WORKERS, threads_per_worker=1, dashboard=False, memory_limit="2GiB")
+        return local_cluster(n_workers, threads_per_worker=1, dashboard=False, memory_limit="2GiB")
+
+
+@contextlib.contextmanager
+def _chaos_client(n_workers=N_WORKERS):
+    """A client of a private :func:`_chaos_cluster` (nanny-restarted workers, one thread each)."""
+    with _chaos_cluster(n_workers) as cluster, Client(cluster, set_as_default=False) as client:
+        client.wait_for_workers(n_workers, timeout=120)
+        # worker deaths count against allowed-failures; chaos kills several workers per run
+        client.run_on_scheduler(lambda dask_scheduler: setattr(dask_scheduler, "allowed_failures", 20))
+        yield client
 
 
 # -- helpers -----------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def fclient():
     """A private 4-process cluster (nanny-restarted workers, one thread each)."""
-    cluster = _chaos_cluster()
-    client = Client(cluster, set_as_default=False)
-    client.wait_for_workers(N_WORKERS, timeout=120)
-    # worker deaths count against allowed-failures; chaos kills several workers per run
-    client.run_on_scheduler(lambda dask_scheduler: setattr(dask_scheduler, "allowed_failures", 20))
-    yield client
-    client.close()
-    cluster.close()
+    with _chaos_client() as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -111,17 +115,18 @@ def _settle(client, timeout=30):
     is then replaced by a fresh worker process, so the next test starts on a
     whole cluster.
     """
+    cluster = client.cluster
+    n_workers = len(cluster.worker_spec)
     try:
-        client.wait_for_workers(N_WORKERS, timeout=timeout)
+        client.wait_for_workers(n_workers, timeout=timeout)
         return
     except TimeoutError:
         pass
-    cluster = client.cluster
     alive = {info["name"] for info in client.scheduler_info(n_workers=-1)["workers"].values()}
     for name in [name for name in cluster.worker_spec if name not in alive]:
         del cluster.worker_spec[name]
-    cluster.scale(N_WORKERS)
-    client.wait_for_workers(N_WORKERS, timeout=120)
+    cluster.scale(n_workers)
+    client.wait_for_workers(n_workers, timeout=120)
 
 
 def _exit_worker(client, addr):
@@ -174,7 +179,7 @@ def _kill_all_workers_during(client, fit, ready, kill=None):
 def _kill_all(client):
     """SIGKILL every worker at once; returns how many."""
     pids = _pids(client)
-    assert len(pids) == N_WORKERS
+    assert len(pids) == len(client.cluster.worker_spec)
     for pid in pids.values():
         os.kill(pid, signal.SIGKILL)
     return len(pids)
@@ -780,6 +785,57 @@ def test_partition_reruns_each_time_its_data_is_lost_while_it_checkpoints(
     )
     # a sub-model resumed from a checkpoint written after the second loss: it ran a third time
     assert any(r > b for r, b in zip(resumed, at_last_loss[1], strict=True)), (resumed, at_last_loss)
+    assert equal
+
+
+def test_partition_rerun_that_only_waited_for_a_worker_is_not_counted(regression, partition_reference, tmp_path):
+    """Sub-models queued behind others lose the data with every generation of workers, without having started.
+
+    On one single-threaded worker the two sub-models train one after the other. Every copy of the data
+    dies with the worker again and again while sub-model 0 trains, each time after it checkpointed
+    again, so sub-model 1 loses the data more times in a row than ``lost-data-reruns`` (2) allows for
+    attempts that started and made no progress. An attempt that never started is not counted: the run
+    finishes, bit-identical to the reference trained on four workers.
+    """
+    X, y = regression
+    ref, _ = partition_reference
+    losses = dask.config.get("daskann.partition.lost-data-reruns") + 2
+    subs = [tmp_path / "partition" / f"submodel-{g}" for g in range(2)]
+    sub_steps = PART_KW["split"]["sub_steps"]
+
+    def newest():
+        return [max((int(p.name[5:-5]) for p in store.list_checkpoints(d)), default=0) for d in subs]
+
+    at_each_loss = []
+
+    def lose_the_data_while_submodel_0_trains():
+        kills = 0
+        for _ in range(losses):
+            if at_each_loss:  # sub-model 0 is back and checkpointed again
+                _wait_for(lambda: newest()[0] > at_each_loss[-1][0], 60)
+            at_each_loss.append(newest())
+            kills += _kill_all(client)
+        return kills
+
+    with _chaos_client(1) as client:
+        trainer = _partition(client, checkpoint={"dir": tmp_path, "every": 100})
+        kills, seconds = _kill_all_workers_during(
+            client,
+            lambda: trainer.fit(X, y, steps=PART_STEPS),
+            lambda: newest()[0] > 0,
+            lose_the_data_while_submodel_0_trains,
+        )
+    equal = _report_equal(
+        "partition data lost while a sub-model waits",
+        _part_state(trainer),
+        ref,
+        kills=kills,
+        checkpoints_at_each_loss=at_each_loss,
+        resumed_from=_resumed_from(trainer),
+        seconds=seconds,
+    )
+    # sub-model 0 was still training at the last loss, and sub-model 1 had not started before it
+    assert at_each_loss[-1][0] < sub_steps and at_each_loss[-1][1] == 0, at_each_loss
     assert equal
 
 

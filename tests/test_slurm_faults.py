@@ -239,7 +239,8 @@ def test_partition_rides_through_workers_retiring_at_their_walltime(tmp_path, da
     # each sub-model trains about two lifetimes of its workers (10 s each), timed on a sub-model's width here, so
     # that a busier moment while timing cannot make it end inside its first workers' life; every generation may
     # take all copies of the data with it, and the sub-model reruns from its checkpoint as often as that happens
-    # (daskann.partition.lost-data-reruns bounds only reruns in a row that wrote no checkpoint)
+    # (daskann.partition.lost-data-reruns bounds only attempts in a row that started and wrote no checkpoint: one
+    # that waited for a worker while a generation came and went is not counted)
     sub_steps = steps_lasting(20, lambda n: SerialTrainer((16, 16), **COMMON).fit(*data, steps=n), 5000, 5000)
     kw = dict(k=2, merge={"noise": 0.02}, split={"sub_steps": sub_steps, "retries": 6, "timeout": 240.0}, **COMMON)
     reference = PartitionTrainer((32, 32), client=client2, **kw).fit(*data, steps=20)

@@ -5,7 +5,9 @@ trainer on a worker: no communication between sub-models, the training data
 scattered once to every worker and passed as futures. A task is a pure
 function of its :class:`SubModelSpec` (seeded initialisation and batch
 order), so a task the scheduler reruns after its worker died gives the same
-weights; with a run folder it resumes from its own last checkpoint.
+weights; with a run folder it resumes from its own last checkpoint. Each
+attempt announces on the scheduler's event log that it started, so that a
+rerun which only waited for a worker is told apart from one that ran.
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ SHARED_SETTINGS = (
     "dtype",
     "negative_slope",
 )
+
+#: scheduler event topic on which each sub-model attempt logs its task key as it starts
+STARTED_TOPIC = "daskann-submodel-started"
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,7 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
     or an earlier attempt of this task whose worker died.
     """
     started = time.time()
+    _log_start()
     trainer = SerialTrainer(spec.hidden_sizes, **spec.trainer_arguments())
     resume, resumed_from = None, 0
     if spec.checkpoint_dir is not None and store.list_checkpoints(spec.checkpoint_dir):
@@ -154,6 +160,14 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
         cpu_seconds=cpu_seconds,
         resumed_from=resumed_from,
     )
+
+
+def _log_start() -> None:
+    try:
+        worker = get_worker()
+    except ValueError:  # called outside a worker
+        return
+    worker.log_event(STARTED_TOPIC, worker.get_current_task())
 
 
 def _worker_address() -> str:
@@ -196,7 +210,7 @@ def run_submodels(
         every worker holding it died, the tasks that need it are cancelled; with
         ``rescatter`` they run again on the new copy, resuming from their
         checkpoints, at most ``daskann.partition.lost-data-reruns`` times in a
-        row without a newer checkpoint.
+        row after an attempt that started and wrote no newer checkpoint.
     watch : callable, optional
         Called with every sub-model future as it is submitted (a progress
         display attaches a done-callback to it).
@@ -249,7 +263,8 @@ class _SubModelTasks:
         """The future of one sub-model task and the data it reads."""
         phase = self.phase
         # a soft hint spreads the sub-models over the workers; never a hard pin,
-        # so a task whose worker died can run on another one
+        # so a task whose worker died can run on another one. Sub-models start in
+        # index order, and a rerun keeps its sub-model's place in that order.
         hint = [phase.workers[spec.index % len(phase.workers)]] if phase.workers else None
         X, y, validation = used = self.data
         key = f"{phase.prefix}-submodel-{spec.index}" + (f"-rerun{rerun}" if rerun else "")
@@ -263,6 +278,7 @@ class _SubModelTasks:
             retries=phase.retries,
             workers=hint,
             allow_other_workers=True,
+            priority=-spec.index,
             pure=False,
         )
         if phase.watch is not None:
@@ -270,9 +286,10 @@ class _SubModelTasks:
         return future, used
 
     def collect(self, futures: dict) -> None:
-        """Wait for ``{index: (future, data)}`` as they finish, rerunning a task whose data was lost.
+        """Wait for ``{index: (future, data)}`` as they finish, rerunning the tasks whose data was lost.
 
-        A sub-model is rerun as soon as it was cancelled, not after the ones before it finished.
+        A sub-model is rerun as soon as it was cancelled, not after the ones before it finished;
+        sub-models that lost their data together rerun in index order.
         """
         running = {
             future: (g, used, _LostDataReruns(self.by_index[g].checkpoint_dir)) for g, (future, used) in futures.items()
@@ -280,32 +297,50 @@ class _SubModelTasks:
         finished = as_completed(list(running), loop=self.phase.client.loop, timeout=self.phase.remaining())
         while running:
             try:
-                future = next(finished)
+                lost = self._take([next(finished)], running)
             except TimeoutError:
                 self._time_out(running)
+            if not lost:
+                continue
+            self._renew_data(lost)
+            # a new scatter waits for workers to come back: by then the other tasks that lost the data were told
+            lost += self._take(finished.next_batch(block=False), running)
+            self._renew_data(lost)
+            for g, reruns in sorted((g, reruns) for g, _, reruns in lost):
+                future, used = self.submit(self.by_index[g], reruns.total)
+                running[future] = (g, used, reruns)
+                finished.add(future)
+
+    def _take(self, done: list, running: dict) -> list:
+        """Record the outcome of the ``done`` futures; returns ``(index, data, reruns)`` of those to rerun."""
+        lost = []
+        for future in done:
             g, used, reruns = running.pop(future)
             try:
                 self.results[g] = future.result(timeout=self.phase.remaining())
             except CancelledError as exc:
-                if self.phase.rescatter is not None and _lost_with_its_data(exc, used) and reruns.allow():
-                    rerun, used = self._rerun(g, future, used, reruns.total)
-                    running[rerun] = (g, used, reruns)
-                    finished.add(rerun)
-                    continue
+                if self.phase.rescatter is not None and _lost_with_its_data(exc, used):
+                    if reruns.allow(started=self._started(future.key)):
+                        lost.append((g, used, reruns))
+                        continue
                 self.failed[g] = exc
             except Exception as exc:
                 if future.status != "error":  # no result by the deadline: still on its way, or being recomputed
                     running[future] = (g, used, reruns)
                     self._time_out(running)
                 self.failed[g] = exc  # raised on every attempt, or its workers died (KilledWorker)
-            future.release()
+            finally:
+                future.release()
+        return lost
 
-    def _rerun(self, g: int, future, used, rerun: int):
-        # every copy of the data died with its workers: scatter it again (once) and rerun
-        if self.data is used or _data_lost(self.data):
+    def _started(self, key) -> bool:
+        """Whether the attempt with this task key began on a worker (it logged so as it started)."""
+        return any(key == logged for _, logged in self.phase.client.get_events(STARTED_TOPIC))
+
+    def _renew_data(self, lost: list) -> None:
+        # every copy of the data died with its workers: scatter it again (once) for the reruns
+        if any(self.data is used for _, used, _ in lost) or _data_lost(self.data):
             self.data = self.phase.rescatter()
-        future.release()
-        return self.submit(self.by_index[g], rerun)
 
     def _time_out(self, running: dict) -> None:
         pending = sorted(g for g, _, _ in running.values())
@@ -322,9 +357,11 @@ class _LostDataReruns:
     """How often one sub-model may rerun after its data was lost.
 
     On a batch system every copy of the scattered data may leave with its workers at each
-    walltime, so a long sub-model loses it once per generation of worker jobs. A rerun that
-    wrote a checkpoint made progress: only reruns in a row without a newer checkpoint count
-    against ``daskann.partition.lost-data-reruns`` (without a run folder, every rerun does).
+    walltime, so a long sub-model loses it once per generation of worker jobs. An attempt that
+    wrote a checkpoint made progress, and one that never started (it waited for a worker
+    behind other sub-models) had no chance to: only attempts in a row that started and wrote
+    no newer checkpoint count against ``daskann.partition.lost-data-reruns`` (without a run
+    folder, every attempt that started does). The phase's timeout bounds the rest.
     """
 
     def __init__(self, checkpoint_dir: str | None):
@@ -339,14 +376,18 @@ class _LostDataReruns:
         found = store.list_checkpoints(self.checkpoint_dir)
         return found[0].name if found else None
 
-    def allow(self) -> bool:
-        """Whether the sub-model may run again (counting this rerun when it may)."""
+    def allow(self, started: bool) -> bool:
+        """Whether the sub-model may run again after an attempt that ``started`` or not.
+
+        An attempt that started and made no progress counts, when the sub-model may run again.
+        """
         newest = self._newest_checkpoint()
         if newest != self.newest:
             self.newest, self.in_a_row = newest, 0
-        if self.in_a_row >= config.count("partition.lost-data-reruns"):
-            return False
-        self.in_a_row += 1
+        if started:
+            if self.in_a_row >= config.count("partition.lost-data-reruns"):
+                return False
+            self.in_a_row += 1
         self.total += 1
         return True
 

@@ -47,7 +47,8 @@ def load_history(path) -> xr.Dataset:
     if not path.exists():
         raise named_error(FileNotFoundError, "path", f"{str(path)!r}: no such history store")
     try:
-        ds = xr.open_zarr(str(path), consolidated=False).load()
+        # read as numpy, not dask: inside a task, a dask compute would secede from the worker's thread
+        ds = xr.open_zarr(str(path), consolidated=False, chunks=None).load()
     except Exception as exc:
         raise named_error(DamagedStoreError, "path", f"{str(path)!r} is not a readable history store: {exc}") from exc
     meta = ds.attrs.get("daskann", {})
