@@ -29,6 +29,7 @@ cluster: killing workers would disturb the shared fixtures of other modules.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import subprocess
@@ -629,6 +630,9 @@ PART_STEPS = 20
 def _partition(client, **kw):
     from daskann.partition import PartitionTrainer
 
+    # a worker that restarted imports the sub-model task's module with its first task (about 2 s here):
+    # done now, so that the sub-models start together and none finishes before another's first checkpoint
+    client.run(importlib.import_module, "daskann.partition.submodels", on_error="ignore")
     return PartitionTrainer((32, 32), client=client, **{**PART_KW, **kw})
 
 
