@@ -21,9 +21,9 @@ def _trask_xor(steps: int, alpha: float, *, serialized: bool = False):
     ``serialized``: step ``i = 1 .. steps`` (the one computing point ``i``) on row ``i mod 4`` alone."""
     X_all = np.array([[0, 0, 1], [0, 1, 1], [1, 0, 1], [1, 1, 1]], dtype=float)
     y_all = np.array([[0, 1, 1, 0]], dtype=float).T
-    np.random.seed(1)
-    syn0 = 2 * np.random.random((3, 4)) - 1
-    syn1 = 2 * np.random.random((4, 1)) - 1
+    legacy = np.random.RandomState(1)  # the tutorial's np.random.seed(1), without the global generator
+    syn0 = 2 * legacy.random_sample((3, 4)) - 1
+    syn1 = 2 * legacy.random_sample((4, 1)) - 1
     for i in range(1, steps + 1):
         X, y = (X_all[[i % 4]], y_all[[i % 4]]) if serialized else (X_all, y_all)
         l1 = 1 / (1 + np.exp(-X @ syn0))
