@@ -34,14 +34,45 @@ from daskann.data import (
 
 @pytest.fixture
 def no_network(monkeypatch):
-    """Any attempt to open a connection fails the test."""
+    """A connection beyond this machine fails the test.
 
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"network access attempted: {args!r}")
+    Loopback connections go through: the event-loop threads of the suite's clusters, which
+    run beside every test, open connections to their own workers at any moment.
+    """
 
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
+    def check(address):
+        host = address[0] if isinstance(address, tuple) else None  # None: a Unix socket's path
+        if host is not None and host not in ("localhost", "::1") and not str(host).startswith("127."):
+            raise AssertionError(f"network access attempted: {address!r}")
+
+    connect, connect_ex, create_connection = socket.socket.connect, socket.socket.connect_ex, socket.create_connection
+
+    def guarded_connect(sock, address):
+        check(address)
+        return connect(sock, address)
+
+    def guarded_connect_ex(sock, address):
+        check(address)
+        return connect_ex(sock, address)
+
+    def guarded_create_connection(address, *args, **kwargs):
+        check(address)
+        return create_connection(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded_connect_ex)
+    monkeypatch.setattr(socket, "create_connection", guarded_create_connection)
+
+
+def test_no_network_refuses_other_hosts_and_lets_loopback_through(no_network):
+    with pytest.raises(AssertionError, match="network access attempted"):
+        socket.create_connection(("192.0.2.1", 80), timeout=1)  # TEST-NET-1: refused before any packet
+    with socket.socket() as sock, pytest.raises(AssertionError, match="network access attempted"):
+        sock.connect(("example.org", 443))
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        socket.create_connection(server.getsockname(), timeout=5).close()
 
 
 def write_idx(path, array, *, code=0x08, gz=False):
