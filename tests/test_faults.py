@@ -53,17 +53,25 @@ pytestmark = pytest.mark.usefixtures("mgrit_study")
 N_WORKERS = 4
 
 
+@contextlib.contextmanager
 def _chaos_cluster(n_workers=N_WORKERS):
-    """A cluster of ``n_workers`` processes whose scheduler forgets a silent worker after 20 s.
+    """A cluster of ``n_workers`` nanny-restarted processes, with two timeouts set for the kills of these tests.
 
-    A worker killed while it registers may never close its stream to the
-    scheduler; with the default time-to-live (5 minutes) the scheduler would
-    keep sending it data (a broadcast's replication) long after it died.
+    - The scheduler forgets a silent worker after 20 s: a worker killed while it registers may
+      never close its stream to the scheduler, and with the default time-to-live (5 minutes) the
+      scheduler would keep sending it data (a broadcast's replication) long after it died.
+    - The cluster never gives up a worker's slot. A LocalCluster (a SpecCluster) looks again
+      ``distributed.deploy.lost-worker-timeout`` (15 s by default) after a worker leaves, and closes
+      its nanny if no worker of that name is there at that moment. A worker killed once more
+      about 15 s after an earlier kill would lose its nanny for good, and the cluster one worker.
+      Both settings are read while the cluster runs, so they hold for its whole life.
     """
-    import dask
-
-    with dask.config.set({"distributed.scheduler.worker-ttl": "20s"}):
-        return local_cluster(n_workers, threads_per_worker=1, dashboard=False, memory_limit="2GiB")
+    settings = {"distributed.scheduler.worker-ttl": "20s", "distributed.deploy.lost-worker-timeout": "1h"}
+    with (
+        dask.config.set(settings),
+        local_cluster(n_workers, threads_per_worker=1, dashboard=False, memory_limit="2GiB") as cluster,
+    ):
+        yield cluster
 
 
 @contextlib.contextmanager
@@ -112,9 +120,8 @@ def _pids(client):
 def _settle(client, timeout=30):
     """Wait (bounded) until the cluster has all its workers back.
 
-    A nanny may fail to bring its worker back after repeated kills; its slot
-    is then replaced by a fresh worker process, so the next test starts on a
-    whole cluster.
+    Should a nanny still not bring its worker back, its slot is replaced by a
+    fresh worker process, so the next test starts on a whole cluster.
     """
     cluster = client.cluster
     n_workers = len(cluster.worker_spec)
@@ -528,21 +535,13 @@ class _Seen(_Background):
 def test_mgrit_under_the_killworker_plugin_is_bit_identical(mgrit_data, mgrit_reference, tmp_path):
     X, y = mgrit_data
     ref, _ = mgrit_reference
-    # its own cluster: restarted workers get the plugin again, and a sustained kill rate can leave nannies
-    # that no longer bring their workers back, which must not reach the other tests
-    cluster = _chaos_cluster()
-    client = Client(cluster, set_as_default=False)
+    # its own cluster: restarted workers get the plugin again
     delay, window = 8.0, 20.0  # mean worker lifetime 8 s (4 workers: ~0.5 kills/s), kills only in the first 20 s
-    try:
-        client.wait_for_workers(N_WORKERS, timeout=120)
-        client.run_on_scheduler(lambda dask_scheduler: setattr(dask_scheduler, "allowed_failures", 20))
+    with _chaos_client() as client:
         trainer = _mgrit(client, store=tmp_path / "traj.zarr")
         client.register_plugin(_killworker_plugin(delay, time.time() + window), name="faults-killworker")
         with _Seen(client) as seen:
             _, seconds = _timed(lambda: trainer.fit(X, y, steps=MGRIT_STEPS))
-    finally:
-        client.close()
-        cluster.close()
     equal = _report_equal(
         "mgrit KillWorker(mode='segfault') plugin",
         _state(trainer),
