@@ -16,7 +16,6 @@ import contextlib
 import functools
 import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import get_args
@@ -24,6 +23,7 @@ from typing import get_args
 import click
 import numpy as np
 
+from daskann._json import clean_json
 from daskann._validation import DatasetName, named_error
 from daskann.exceptions import StoreError
 
@@ -339,7 +339,6 @@ def load_zarr_data(path):
     from the dtype of ``y`` (integers: classification).
     """
     import dask.array as da
-    import numpy as np
     import zarr
 
     from daskann._validation import invalid
@@ -395,7 +394,6 @@ def training_length(opts: dict) -> dict:
 
 def summarize(trainer, dataset, *, method: str, seconds: float, output=None, extra: dict | None = None) -> dict:
     """JSON-safe summary of a finished run."""
-    import numpy as np
 
     model = trainer.model_
     summary = {
@@ -432,30 +430,6 @@ def _validation_summary(model, dataset, loss: str) -> dict:
     if is_dask_array(dataset.X_val):
         return remote_call(measure, model, dataset.X_val, dataset.y_val)
     return measure(model, dataset.X_val, dataset.y_val)
-
-
-def clean_json(value, *, finite: bool = True):
-    """A JSON-safe copy: numpy scalars to Python, tuples to lists, paths and other objects to str.
-
-    With ``finite``, NaN and infinities become None (JSON's null); without, they stay floats
-    (``json.dumps`` writes ``NaN`` and ``Infinity``).
-    """
-    if isinstance(value, dict):
-        return {str(k): clean_json(v, finite=finite) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [clean_json(v, finite=finite) for v in value]
-    if isinstance(value, (np.floating, np.integer, np.bool_)):
-        value = value.item()
-    if finite and isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
-
-
-def json_default(obj):
-    """``json.dumps``'s ``default``: what JSON cannot hold, as :func:`clean_json` writes it (NaN kept)."""
-    return clean_json(obj, finite=False)
 
 
 def print_summary(summary: dict, as_json: bool) -> None:
@@ -534,7 +508,6 @@ def run_training(make_trainer, opts: dict, *, method: str, fit_kwargs: dict | No
 __all__ = [
     "bench_options",
     "bench_output_option",
-    "clean_json",
     "cli_errors",
     "cluster_options",
     "connect",
@@ -542,7 +515,6 @@ __all__ = [
     "data_path_option",
     "echo_dashboard",
     "flag_message",
-    "json_default",
     "load_data",
     "network_options",
     "option_errors",

@@ -9,7 +9,6 @@ folder.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -20,9 +19,7 @@ import distributed
 import numpy as np
 
 from daskann import _plotting
-from daskann._cli_common import json_default
 from daskann.cluster import _blas_info, blas_info, worker_addresses, worker_threads
-from daskann.store import temporary_sibling
 
 #: the BLAS fields of each report, in their order
 NPT_BLAS_KEYS = ("internal_api", "num_threads", "filepath", "version", "threading_layer", "architecture")
@@ -91,16 +88,6 @@ def partition_machine(client=None) -> dict:
     return report
 
 
-def write_json(document, path, *, indent: int = 1, default=None) -> Path:
-    """Write ``document`` to ``path`` whole: a reader never sees half a file (a temporary sibling, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(path)
-    tmp.write_text(json.dumps(document, indent=indent, default=default))
-    os.replace(tmp, path)
-    return path
-
-
 def progress(message: str) -> None:
     """A progress line on standard error, apart from the report on standard output."""
     print(message, file=sys.stderr, flush=True)
@@ -113,11 +100,9 @@ def save_figure(fig, path, *, dpi: int = 110) -> Path:
 
 __all__ = [
     "cpu_model",
-    "json_default",
     "mgrit_machine",
     "npt_machine",
     "partition_machine",
     "progress",
     "save_figure",
-    "write_json",
 ]

@@ -31,8 +31,9 @@ import dask
 import numpy as np
 
 from daskann import _plotting
+from daskann._json import json_default, write_json
 from daskann._validation import check_choice, check_float, check_int, invalid
-from daskann.bench._report import json_default, mgrit_machine, save_figure, write_json
+from daskann.bench._report import mgrit_machine, save_figure
 from daskann.cluster import worker_addresses
 from daskann.data import BatchOrder, make_linear
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged

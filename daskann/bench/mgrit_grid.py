@@ -21,7 +21,7 @@ from pathlib import Path
 import dask
 import numpy as np
 
-from daskann.bench._report import json_default, write_json
+from daskann._json import json_default, write_json
 from daskann.data import load_dataset, make_linear
 from daskann.exceptions import MGRITDidNotPay
 from daskann.mgrit.trainer import MGRITTrainer

@@ -17,9 +17,10 @@ import xarray as xr
 from threadpoolctl import threadpool_limits
 
 from daskann import _plotting
+from daskann._json import write_json
 from daskann._validation import check_choice, check_int, invalid
 from daskann.bench import mgrit_paper as paper
-from daskann.bench._report import progress, save_figure, write_json
+from daskann.bench._report import progress, save_figure
 
 PAPER_JSON = "bench-mgrit-paper.json"
 

@@ -9,8 +9,8 @@ import numpy as np
 import xarray as xr
 
 from daskann import _plotting, store
-from daskann._cli_common import clean_json
-from daskann.bench._report import save_figure, write_json
+from daskann._json import clean_json, write_json
+from daskann.bench._report import save_figure
 from daskann.bench.npt_checks import fmt
 
 

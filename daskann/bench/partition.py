@@ -41,8 +41,9 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from daskann import _plotting
+from daskann._json import write_json
 from daskann._validation import check_choice, check_float, check_hidden_sizes, check_int, invalid
-from daskann.bench._report import partition_machine, save_figure, write_json
+from daskann.bench._report import partition_machine, save_figure
 from daskann.bench.partition_models import (
     STAND_IN,
     add_equal_time_gaps,

@@ -285,7 +285,7 @@ class SolveRun:
 
     def _write_progress(self, progress: dict) -> None:
         if self.zarr:
-            self.store.write_progress(_store.json_safe(progress))
+            self.store.write_progress(progress)
 
     # -- after the iterations --------------------------------------------------------------
     @property

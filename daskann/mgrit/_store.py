@@ -15,7 +15,6 @@ belonging to another run is refused.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
@@ -23,9 +22,10 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
+from daskann._json import clean_json, write_json
 from daskann._validation import named_error
 from daskann.mgrit._kernels import PERSISTED, SLOTS
-from daskann.store import DamagedStoreError, StoreError, check_free_space, register_verifier, temporary_sibling
+from daskann.store import DamagedStoreError, StoreError, check_free_space, register_verifier
 
 KIND = "mgrit-trajectory"
 FORMAT_VERSION = 2  # 2: five C-value slots, intermediate levels kept in memory
@@ -122,10 +122,7 @@ class ZarrTrajectory:
         return read_progress(self.path)
 
     def write_progress(self, progress: dict) -> None:
-        target = Path(self.path) / PROGRESS
-        tmp = temporary_sibling(target)
-        tmp.write_text(json.dumps(progress, indent=1))
-        os.replace(tmp, target)
+        write_json(clean_json(progress, finite=False), Path(self.path) / PROGRESS)
 
     def forget(self) -> None:
         """Drop this process's cached array handles (after the run)."""
@@ -277,16 +274,3 @@ def verify_store(path) -> dict:
 
 
 register_verifier(KIND, verify_store)
-
-
-def json_safe(value):
-    """``value`` round-tripped through JSON (tuples become lists), as stored."""
-    return json.loads(json.dumps(value, default=_default))
-
-
-def _default(obj):
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.dtype):
-        return obj.name
-    return str(obj)

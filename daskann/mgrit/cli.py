@@ -278,8 +278,8 @@ def _bench_client(opts: dict):
 
 def _study(opts: dict) -> None:
     """The iteration study and the wall-clock comparison: ``mgrit-bench.json`` and two plots."""
+    from daskann._json import json_default
     from daskann.bench import mgrit  # the benchmarks load on first use
-    from daskann.bench._report import json_default
     from daskann.cluster import close
 
     config = mgrit.StudyConfig.from_options(**opts)
@@ -298,8 +298,8 @@ def _study(opts: dict) -> None:
 
 def _efficiency(opts: dict) -> None:
     """The execution study: ``mgrit-efficiency.json``."""
+    from daskann._json import json_default, write_json
     from daskann.bench import mgrit_efficiency  # the benchmarks load on first use
-    from daskann.bench._report import json_default, write_json
     from daskann.cluster import close
 
     config = mgrit_efficiency.EfficiencyConfig.from_options(**opts)

@@ -49,6 +49,7 @@ from distributed import Client
 
 from daskann._batch import is_batch_cluster
 from daskann._dask_input import is_dask_array, remote_call
+from daskann._json import clean_json
 from daskann._validation import (
     CycleType,
     OptionName,
@@ -596,7 +597,7 @@ class MGRIT:
         }
         if hasattr(prop, "get_config"):
             config["propagator"] = prop.get_config()
-        return _store.json_safe(config)
+        return clean_json(config, finite=False)
 
     # -- solve -------------------------------------------------------------------
     def solve(self) -> MGRITResult:

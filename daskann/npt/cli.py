@@ -13,7 +13,6 @@ import click
 
 from daskann._cli_common import (
     bench_output_option,
-    clean_json,
     cli_errors,
     cluster_options,
     connect,
@@ -24,6 +23,7 @@ from daskann._cli_common import (
     run_training,
     training_options,
 )
+from daskann._json import clean_json
 from daskann._validation import NPTMode, NPTPipeline
 
 

@@ -19,6 +19,7 @@ from daskann import store
 from daskann._base import CHECKPOINT_DIR, BaseTrainer, constructor_arguments
 from daskann._dask_input import is_dask_array, materialize, remote_call
 from daskann._history import HistoryRecorder
+from daskann._json import write_json
 from daskann._options import OptionGroup, resolve_group
 from daskann._validation import (
     Activation,
@@ -486,9 +487,7 @@ class PartitionTrainer(BaseTrainer):
                 # a fresh run: stale sub-model checkpoints must not be resumed by the tasks
                 shutil.rmtree(run_dir / _STATE, ignore_errors=True)
                 (run_dir / _STATE).mkdir(parents=True, exist_ok=True)
-                tmp = store.temporary_sibling(run_dir / _STATE / "config.json")
-                tmp.write_text(json.dumps(record, indent=2))
-                tmp.replace(run_dir / _STATE / "config.json")
+                write_json(record, run_dir / _STATE / "config.json", indent=2)
             yield
 
     def _train_submodels(self, client, settings, data, partition, sub_total, run_dir):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import click
 
-from daskann._cli_common import clean_json, cli_errors, cluster_options, connect, load_data, network_options
+from daskann._cli_common import cli_errors, cluster_options, connect, load_data, network_options
+from daskann._json import clean_json
 from daskann.npt.cli import mode_option
 from daskann.npt.cli import plan_command as npt_plan
 from daskann.plan._report import FINETUNE_FRACTION, METHODS, format_plan, format_validation, plot_speedup

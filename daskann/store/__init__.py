@@ -9,8 +9,9 @@ Nothing is pickled: arrays are zarr, everything else is JSON.
 
 from __future__ import annotations
 
+from daskann._json import temporary_sibling
 from daskann.exceptions import DamagedStoreError, DiskFullError, StoreError
-from daskann.store._atomic import read_array_group, temporary_sibling
+from daskann.store._atomic import read_array_group
 from daskann.store._blocks import (
     BlockArray,
     is_block_store,

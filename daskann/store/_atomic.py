@@ -21,6 +21,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from daskann._json import temporary_sibling
 from daskann._validation import named_error
 from daskann.exceptions import DamagedStoreError, DiskFullError, StoreError
 
@@ -85,11 +86,6 @@ def commit_manifest(group, attrs: dict, manifest: dict, tmp, target) -> None:
     meta["manifest"] = manifest
     group.attrs.update({**attrs, "daskann": meta})
     atomic_replace_dir(tmp, target)
-
-
-def temporary_sibling(target: Path) -> Path:
-    """Hidden temporary path next to ``target`` (same file system, so rename is atomic)."""
-    return target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
 
 
 @contextlib.contextmanager

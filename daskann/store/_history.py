@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from daskann._json import temporary_sibling
 from daskann._validation import named_error
 from daskann.exceptions import DamagedStoreError, StoreError
-from daskann.store._atomic import FORMAT_VERSION, array_digest, atomic_replace_dir, reraise_if_full, temporary_sibling
+from daskann.store._atomic import FORMAT_VERSION, array_digest, atomic_replace_dir, reraise_if_full
 from daskann.store._checkpoints import HISTORY_STORE
 
 

@@ -11,9 +11,9 @@ import time
 from pathlib import Path
 
 from daskann import config as settings
+from daskann._json import temporary_sibling
 from daskann._validation import named_error
 from daskann.exceptions import StoreError
-from daskann.store._atomic import temporary_sibling
 
 LOCK_NAME = ".daskann-lock"
 # run folders whose lock this context holds (contextvars: not inherited by other threads)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 from pathlib import Path
 
+from daskann._json import write_json
 from daskann._validation import named_error
 from daskann.exceptions import DiskFullError
-from daskann.store._atomic import FORMAT_VERSION, temporary_sibling
+from daskann.store._atomic import FORMAT_VERSION
 from daskann.store._checkpoints import CHECKPOINT_DIR, HISTORY_STORE, MODEL_STORE, RUN_MARKER
 
 
@@ -54,13 +54,11 @@ def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False,
             )
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o750)
-    tmp = temporary_sibling(marker)
-    tmp.write_text(
-        json.dumps(
-            {"format": "daskann-run", "format_version": FORMAT_VERSION, "method": method, "config": config}, indent=2
-        )
+    write_json(
+        {"format": "daskann-run", "format_version": FORMAT_VERSION, "method": method, "config": config},
+        marker,
+        indent=2,
     )
-    os.replace(tmp, marker)
     return path
 
 
