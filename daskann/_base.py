@@ -66,16 +66,6 @@ HISTORY_ALLOWANCE = 4 * 2**20
 #: how errors name the checkpoint folder, as the user set it, and the two training lengths given together
 CHECKPOINT_DIR = CheckpointOptions.name_of("dir")
 STEPS_OR_EPOCHS = OptionName(("steps", "epochs"))
-#: the group and option each grouped setting is given as (settings keep them flat: ``settings["momentum"]``)
-_GROUPED_SETTINGS = {
-    "output": ("network", "output"),
-    "negative_slope": ("network", "negative_slope"),
-    "dtype": ("network", "dtype"),
-    "momentum": ("sgd", "momentum"),
-    "shuffle": ("sgd", "shuffle"),
-    "checkpoint_dir": ("checkpoint", "dir"),
-    "checkpoint_every": ("checkpoint", "every"),
-}
 
 
 def constructor_arguments(settings: dict, **more) -> dict:
@@ -84,10 +74,16 @@ def constructor_arguments(settings: dict, **more) -> dict:
     For code that builds one trainer from another's settings (sub-models,
     fine-tuning, the command line); the groups' dicts hold only what is given.
     """
+    # settings keep the groups' options flat (settings["momentum"], settings["checkpoint_every"])
+    grouped = {
+        cls.setting_prefix + option: (group, option)
+        for group, cls in BaseTrainer._option_groups.items()
+        for option in cls._get_param_names()
+    }
     arguments: dict = {}
     for name, value in {**settings, **more}.items():
-        if name in _GROUPED_SETTINGS:
-            group, option = _GROUPED_SETTINGS[name]
+        if name in grouped:
+            group, option = grouped[name]
             arguments.setdefault(group, {})[option] = value
         else:
             arguments[name] = value

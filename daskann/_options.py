@@ -45,6 +45,8 @@ class OptionGroup(BaseEstimator):
     group = "options"
     #: the option a bare value other than a dict stands for (``checkpoint="runs/a"``: its folder), if any
     shorthand: str | None = None
+    #: how a trainer's checked settings name an option of the group: this prefix, then the option's name
+    setting_prefix = ""
 
     def _store(self, arguments: dict) -> None:
         for name in self._get_param_names():
@@ -218,6 +220,7 @@ class CheckpointOptions(OptionGroup):
 
     group = "checkpoint"
     shorthand = "dir"
+    setting_prefix = "checkpoint_"
 
     def __init__(self, *, dir=None, every=None):
         self._store(locals())
