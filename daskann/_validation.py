@@ -28,9 +28,9 @@ Loss = Literal["mse", "cross_entropy", "sse"]
 FloatDType = Literal["float32", "float64"]
 #: data set of ``load_dataset`` and ``daskann train --dataset`` (``daskann.data.DATASETS``)
 DatasetName = Literal["linear", "digits", "mnist1d", "mnist", "cifar10"]
-#: NPT execution mode (``daskann.npt._setup.MODES``)
+#: NPT execution mode (``daskann.npt.trainer.MODES``)
 NPTMode = Literal["auto", "graph", "resident"]
-#: NPT graph-mode pipelining (``daskann.npt._setup.PIPELINES``)
+#: NPT graph-mode pipelining (``daskann.npt.trainer.PIPELINES``)
 NPTPipeline = Literal["auto", "fused", "single", "double"]
 #: where MGRIT's tasks run (``daskann.mgrit.trainer.SCHEDULERS``)
 MGRITScheduler = Literal["distributed", "threads", "sync", "inprocess"]

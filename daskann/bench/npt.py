@@ -47,10 +47,9 @@ from daskann.cluster import worker_addresses, worker_threads
 from daskann.data import BatchOrder, make_linear
 from daskann.nn import MLP
 from daskann.npt import costmodel
-from daskann.npt._setup import CHAINS
 from daskann.npt.costmodel import PAPER_NETS
 from daskann.npt.grid import parse_grid
-from daskann.npt.trainer import NPTTrainer
+from daskann.npt.trainer import CHAINS, NPTTrainer
 from daskann.serial import SerialTrainer
 
 
