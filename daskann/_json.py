@@ -1,10 +1,12 @@
-"""JSON documents: values made JSON-safe, and files written whole.
+"""JSON documents: values made JSON-safe, files written whole and read back checked.
 
 Every JSON file daskann writes (a run folder's marker, a sub-model run's
 configuration, MGRIT's progress record, the benchmarks' reports) goes through
 :func:`write_json`: written under a temporary name beside its target, then
 renamed into place, so a reader sees the old document or the new one, never
-half of one. Every value that leaves daskann as JSON (the command line's
+half of one. :func:`read_json` reads a run's own documents back, and a damaged
+one fails as a :class:`~daskann.exceptions.StoreError` that names the option
+which led to it. Every value that leaves daskann as JSON (the command line's
 ``--json`` output, a report, a solver's stored configuration) is cleaned by
 :func:`clean_json`. This module loads nothing but numpy, so that the command
 line can use it before anything heavy loads.
@@ -20,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["clean_json", "json_default", "temporary_sibling", "write_json"]
+from daskann._validation import named_error
+from daskann.exceptions import StoreError
+
+__all__ = ["clean_json", "json_default", "read_json", "temporary_sibling", "write_json"]
 
 
 def clean_json(value, *, finite: bool = True):
@@ -60,3 +65,20 @@ def write_json(document, path, *, indent: int | None = 1, default=None) -> Path:
     tmp.write_text(json.dumps(document, indent=indent, default=default))
     os.replace(tmp, path)
     return path
+
+
+def read_json(folder, file: str, *, name: str, missing=None):
+    """The document ``folder / file``; ``missing`` when there is none.
+
+    Raises
+    ------
+    StoreError
+        The file is not valid JSON, named by ``name`` (the option that led to ``folder``):
+        ``store='runs/a': progress.json is damaged (...)``.
+    """
+    try:
+        return json.loads((Path(folder) / file).read_text())
+    except FileNotFoundError:
+        return missing
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise named_error(StoreError, name, f"{str(folder)!r}: {file} is damaged ({exc})") from exc

@@ -51,6 +51,12 @@ def test_store_layout_resume_and_refusal(tmp_path, client2):
         MGRIT(prop, u0, 64, store=store, **kwargs).solve()
     with no_tasks_submitted(client2), pytest.raises(StoreError, match="another configuration"):
         MGRIT(prop, u0, 64, store=store, run_id="run-a", **{**kwargs, "cfactor": 2}).solve()
+    # a damaged progress record is refused by name, before any task
+    progress_text = (store / "progress.json").read_text()
+    (store / "progress.json").write_text(progress_text[: len(progress_text) // 2])
+    with no_tasks_submitted(client2), pytest.raises(StoreError, match=r"store=.*: progress.json is damaged"):
+        MGRIT(prop, u0, 64, store=store, run_id="run-a", **kwargs).solve()
+    (store / "progress.json").write_text(progress_text)
     # the same run continues from iteration 3 and ends exactly where the uninterrupted run ends
     resumed = MGRIT(prop, u0, 64, store=store, run_id="run-a", **kwargs).solve()
     assert resumed.residuals == full.residuals and len(resumed.iteration_times) == full.iterations

@@ -385,6 +385,10 @@ def test_resume_skips_finished_submodels_and_continues_fine_tuning(client2, digi
         PartitionTrainer((16, 16), **kwargs).set_params(merge__noise=0.0).fit(
             digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a"
         )
+    # a damaged record of the run's settings is refused by name, before any task
+    (tmp_path / "a" / "partition" / "config.json").write_text('{"k": 2, ')
+    with no_tasks_submitted(client2), pytest.raises(store.StoreError, match=r"resume=.*: config.json is damaged"):
+        PartitionTrainer((16, 16), **run).fit(digits.X_train, digits.y_train, steps=40, resume=tmp_path / "a")
 
 
 # -- command line, benchmark, notebook ------------------------------------------------

@@ -14,7 +14,6 @@ belonging to another run is refused.
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec
 
-from daskann._json import clean_json, write_json
+from daskann._json import clean_json, read_json, write_json
 from daskann._validation import named_error
 from daskann.mgrit._kernels import PERSISTED, SLOTS
 from daskann.store import DamagedStoreError, StoreError, check_free_space, register_verifier
@@ -162,13 +161,7 @@ def read_meta(path) -> dict | None:
 
 
 def read_progress(path) -> dict:
-    target = Path(path) / PROGRESS
-    try:
-        return json.loads(target.read_text())
-    except FileNotFoundError:
-        return {"iteration": 0, "status": "new"}
-    except json.JSONDecodeError as exc:
-        raise named_error(StoreError, "store", f"{str(path)!r}: {PROGRESS} is damaged ({exc})") from exc
+    return read_json(path, PROGRESS, name="store", missing={"iteration": 0, "status": "new"})
 
 
 def check_same_run(path, meta: dict, run_id: str, config: dict) -> None:

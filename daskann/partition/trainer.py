@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import shutil
 import time
@@ -19,7 +18,7 @@ from daskann import store
 from daskann._base import CHECKPOINT_DIR, BaseTrainer, constructor_arguments
 from daskann._dask_input import is_dask_array, materialize, remote_call
 from daskann._history import HistoryRecorder
-from daskann._json import write_json
+from daskann._json import read_json, write_json
 from daskann._options import OptionGroup, resolve_group
 from daskann._validation import (
     Activation,
@@ -455,12 +454,11 @@ class PartitionTrainer(BaseTrainer):
             if self._checkpoint_dir is not None and Path(self._checkpoint_dir).resolve() != run_dir.resolve():
                 raise invalid("resume", str(resume), f"the run folder {CHECKPOINT_DIR}={str(self._checkpoint_dir)!r}")
             store.RunLock(run_dir).check_free("resume")
-            config = run_dir / _STATE / "config.json"
-            if not config.is_file():
+            found = read_json(run_dir / _STATE, "config.json", name="resume")
+            if found is None:
                 raise store.StoreError(
                     f"resume={str(resume)!r} is not a partition run folder (no {_STATE}/config.json)"
                 )
-            found = json.loads(config.read_text())
             if found != record:
                 changed = sorted(key for key in record if found.get(key) != record[key])
                 raise store.StoreError(
