@@ -73,7 +73,7 @@ METHODS = (
         "serial",
         "the reference",
         "daskann.serial:SerialTrainer",
-        demo="daskann.demo:serial_demo",
+        demo="daskann.cli:serial_demo",
     ),
     Method(
         "npt",
@@ -82,7 +82,7 @@ METHODS = (
         package="daskann.npt",
         train_command="daskann.npt.cli:train_command",
         bench_command="daskann.npt.cli:bench_command",
-        demo="daskann.npt.demo:run_demo",
+        demo="daskann.npt.cli:run_demo",
         planner="daskann.plan._planners:NPTPlanner",
         # graph mode costs a scheduler round trip per block product: it runs the classifier's shorter fits
         estimator_checks=({"grid": "1x2", "mode": "graph"}, {"grid": "1x2", "mode": "resident"}),
@@ -94,7 +94,7 @@ METHODS = (
         package="daskann.mgrit",
         train_command="daskann.mgrit.cli:train_command",
         bench_command="daskann.mgrit.cli:bench_command",
-        demo="daskann.mgrit.demo:run_demo",
+        demo="daskann.mgrit.cli:run_demo",
         planner="daskann.plan._planners:MGRITPlanner",
     ),
     Method(
@@ -104,7 +104,7 @@ METHODS = (
         package="daskann.partition",
         train_command="daskann.partition.cli:train_command",
         bench_command="daskann.partition.cli:bench_command",
-        demo="daskann.partition.demo:run_demo",
+        demo="daskann.partition.cli:run_demo",
         planner="daskann.plan._planners:PartitionPlanner",
     ),
 )

@@ -26,6 +26,7 @@ from daskann._cli_common import (
     print_summary,
     run_training,
     setup_logging,
+    summarize,
     training_options,
 )
 
@@ -105,6 +106,19 @@ def train_serial(**opts):
 @main.group(cls=LazyGroup, lazy=BENCH_COMMANDS)
 def bench():
     """Benchmarks that print tables and write plots."""
+
+
+def serial_demo(client=None) -> dict:
+    """The serial part of ``daskann demo``: the reference trainer on scikit-learn's 8x8 digits."""
+    from daskann.data import load_dataset
+    from daskann.serial import SerialTrainer
+
+    data = load_dataset("digits", seed=0)
+    start = time.perf_counter()
+    trainer = SerialTrainer((64,), loss="cross_entropy", lr=0.1, batch_size=32, seed=0, sgd={"momentum": 0.9}).fit(
+        data.X_train, data.y_train, epochs=10, validation_data=(data.X_val, data.y_val)
+    )
+    return summarize(trainer, data, method="serial", seconds=time.perf_counter() - start)
 
 
 @main.command()

@@ -129,7 +129,7 @@ def test_later_iterations_efficiency_leaves_out_the_first_two():
 
 
 def test_demo_quick(client2):
-    from daskann.mgrit.demo import run_demo
+    from daskann.mgrit.cli import run_demo
 
     summary = run_demo(client2, quick=True)
     assert summary["method"] == "mgrit" and summary["converged"]

@@ -584,7 +584,7 @@ def test_train_plan_and_bench_commands(client4, tmp_path):
 
 
 def test_demo_agrees_with_serial(client4):
-    from daskann.npt.demo import run_demo
+    from daskann.npt.cli import run_demo
 
     summary = run_demo(client4)
     assert summary["method"] == "npt" and summary["grid"] == "1x2"

@@ -534,7 +534,7 @@ def test_bench_partition_paper_presets():
 
 
 def test_demo_and_notebook(client2, monkeypatch):
-    from daskann.partition.demo import run_demo
+    from daskann.partition.cli import run_demo
 
     summary = run_demo(client2, quick=True)
     assert summary["method"] == "partition" and summary["k"] == 2 and 0 < summary["val_accuracy"] <= 1
