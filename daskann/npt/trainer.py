@@ -24,9 +24,9 @@ from daskann._validation import Activation, Loss, NPTMode, NPTPipeline, check_ch
 from daskann.cluster import check_worker_memory, current_client, worker_addresses, worker_threads
 from daskann.nn import MLP, SGD, activate
 from daskann.npt import costmodel
-from daskann.npt._graph_run import run_graph
 from daskann.npt._run import FinalState, RunRecord, RunSpec, RunStart
 from daskann.npt.costmodel import pipeline_chains
+from daskann.npt.graph_mode import run_graph
 from daskann.npt.grid import ProcessGrid, parse_grid
 
 MODES = get_args(NPTMode)
