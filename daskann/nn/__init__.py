@@ -18,8 +18,7 @@ from daskann.nn._functional import (
     sse_loss,
 )
 from daskann.nn._init import TILE, init_bias_block, init_weight_block, init_weights
-from daskann.nn._mlp import MLP
-from daskann.nn._sgd import SGD
+from daskann.nn._mlp import MLP, SGD
 
 __all__ = [
     "ACTIVATIONS",
