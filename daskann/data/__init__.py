@@ -7,10 +7,18 @@ from local folders, MNIST-1D is generated, the digits ship with scikit-learn.
 
 from daskann.data._batches import SERIALIZED, BatchOrder, coarse_indices
 from daskann.data._cifar import load_cifar10
-from daskann.data._datasets import DATASETS, Dataset, load_dataset, load_digits, make_linear
+from daskann.data._datasets import (
+    DATASETS,
+    Dataset,
+    as_dask,
+    load_dataset,
+    load_digits,
+    make_linear,
+    make_mnist1d,
+    train_val_split,
+    upsample_signals,
+)
 from daskann.data._idx import load_mnist_idx
-from daskann.data._mnist1d import make_mnist1d, upsample_signals
-from daskann.data._split import as_dask, train_val_split
 
 __all__ = [
     "DATASETS",
