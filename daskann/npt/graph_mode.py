@@ -678,39 +678,26 @@ def _save(tmp: str, arrays, index: str, region, value) -> list:
 
 @dataclass
 class GraphResult:
-    """What a graph-mode run gives back (as :class:`daskann.npt.resident.ResidentResult`)."""
+    """What a try at a graph-mode run gives back: its history rows and final state, which stays on the grid."""
 
-    model: object  # None when the final state stays on the grid (see ``state``)
-    velocity: list | None
     rows: dict  # completed steps -> history row
     diverged_step: int | None = None
     diverged_what: str = ""
-    grid: ProcessGrid | None = None
-    recoveries: int = 0
-    timings: dict = field(default_factory=dict)  # completed step -> {worker: parts of its step time}
     state: object = None  # the final GridState (after divergence, the last finite one), alive on the grid
 
 
 def run_graph(client, run: RunSpec, start: RunStart, record: RunRecord) -> None:
-    """Graph mode from ``start`` on ``record.grid``: its history rows, grid and final state go into ``record``."""
-    result = train_graph(client, record.grid, run, start=start)
-    for done in sorted(result.rows):
-        record.history.append(done, **result.rows[done])
-    record.grid, record.recoveries, record.state = result.grid, result.recoveries, result.state
-    record.worker_times.update(result.timings)
-    if result.diverged_step is not None:
-        record.diverged = (result.diverged_step, result.diverged_what)
+    """Graph mode from ``start`` on ``record.grid``: its history rows, grid and final state go into ``record``.
 
-
-def train_graph(client, grid: ProcessGrid, run: RunSpec, *, start: RunStart) -> GraphResult:
-    """Train steps ``start.step .. run.stop - 1`` from the state ``start``; see the module docstring."""
+    Trains steps ``start.step .. run.stop - 1``; see the module docstring.
+    """
     max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
     held = [v.copy() for v in start.velocity] if start.velocity is not None else None
     rows: dict = {}
     t0 = time.perf_counter() - run.time_offset
     task_stream_start = time.time()
     client.get_task_stream(start=task_stream_start)  # makes the scheduler record from now on
-    replays = Replays(client, grid, what="graph-mode training", budget=max_recoveries, timeout=run.timeout)
+    replays = Replays(client, record.grid, what="graph-mode training", budget=max_recoveries, timeout=run.timeout)
 
     def attempt(grid: ProcessGrid, begin: RunStart, number: int) -> GraphResult:
         for done in [d for d in rows if d > begin.step]:
@@ -718,9 +705,12 @@ def train_graph(client, grid: ProcessGrid, run: RunSpec, *, start: RunStart) -> 
         return _Attempt(client, grid, run, begin, rows, prefix=f"{run.run_id}-a{number}", t0=t0).train()
 
     result = replays.run(replace(start, velocity=held), attempt)
-    result.grid, result.recoveries = replays.grid, replays.tries
-    _add_timings(client, result, run.run_id, task_stream_start, replays.grid)
-    return result
+    record.grid, record.recoveries, record.state = replays.grid, replays.tries, result.state
+    record.worker_times.update(_add_timings(client, result.rows, run.run_id, task_stream_start, replays.grid))
+    for done in sorted(result.rows):
+        record.history.append(done, **result.rows[done])
+    if result.diverged_step is not None:
+        record.diverged = (result.diverged_step, result.diverged_what)
 
 
 class _Attempt:
@@ -788,7 +778,7 @@ class _Attempt:
                 del self.states[old]  # saved or evaluated, and read by a submitted step
         final = self.states[run.stop]
         self.watch.wait(list(final.futures.values()), self.restart_from)  # done, nothing gathered
-        return GraphResult(None, None, self.rows, state=final)
+        return GraphResult(self.rows, state=final)
 
     def _submit_ahead(self, next_step: int, done: int) -> int:
         """Submit steps up to ``lookahead`` ahead of the last one read; the next step to submit.
@@ -850,12 +840,12 @@ class _Attempt:
         if params_ok or step - 1 < self.start.step:
             # serial stops at step + 1 on the loss, keeping the weights it started that step with
             what = DivergenceCause.of(loss=False).what
-            return GraphResult(None, None, rows, diverged_step=step + 1, diverged_what=what, state=state)
+            return GraphResult(rows, diverged_step=step + 1, diverged_what=what, state=state)
         # the update of the previous step already produced non-finite weights; its velocity (momentum times
         # the last one plus the gradient) stands in for the gradients, which graph mode does not keep
         rows.pop(step, None)
         what = DivergenceCause.of(gradients=velocity_ok, weights=False).what
-        return GraphResult(None, None, rows, diverged_step=step, diverged_what=what, state=self._state(step - 1))
+        return GraphResult(rows, diverged_step=step, diverged_what=what, state=self._state(step - 1))
 
     def _state(self, step: int):
         """The state after ``step`` steps: held, or trained again from the latest saved state before it.
@@ -931,9 +921,9 @@ def _attempt_number(prefix) -> int:
     return -1 if prefix is None else int(prefix.rsplit("-a", 1)[1])
 
 
-def _add_timings(client, result: GraphResult, run_id: str, since: float, grid: ProcessGrid) -> None:
-    """Per-step compute and transfer seconds from the scheduler's task stream (per worker of the grid),
-    and the parts of each worker's step time (``result.timings``, see :mod:`daskann.npt._run`)."""
+def _add_timings(client, rows: dict, run_id: str, since: float, grid: ProcessGrid) -> dict:
+    """Per-step compute and transfer seconds from the scheduler's task stream (per worker of the grid), added
+    to ``rows``; returns the parts of each worker's step time (see :mod:`daskann.npt._run`)."""
     try:
         records = client.get_task_stream(start=since)
     except Exception:  # diagnostics only: a missing record leaves NaN in the history
@@ -943,7 +933,7 @@ def _add_timings(client, result: GraphResult, run_id: str, since: float, grid: P
     # per worker: every interval of the attempt that finished, and when each of its steps ended there
     spans: dict = defaultdict(lambda: defaultdict(list))
     step_ends: dict = defaultdict(dict)
-    final = max((row.get("_attempt") for row in result.rows.values()), default=None, key=_attempt_number)
+    final = max((row.get("_attempt") for row in rows.values()), default=None, key=_attempt_number)
     for rec in records:
         key = rec.get("key")
         if not isinstance(key, str) or not key.startswith(run_id):
@@ -963,9 +953,9 @@ def _add_timings(client, result: GraphResult, run_id: str, since: float, grid: P
                 spans[worker][ss["action"]].append((ss["start"], ss["stop"]))
                 if ss["action"] == "compute":
                     step_ends[worker][ident[1]] = max(ss["stop"], step_ends[worker].get(ident[1], ss["stop"]))
-    result.timings = graph_worker_times(spans, step_ends)
     n_workers = max(len(set(grid.workers)), 1)
-    for done, row in result.rows.items():
+    for done, row in rows.items():
         ident = (row.pop("_attempt", None), done - 1)
         row["compute_time"] = compute[ident] / n_workers if ident in compute else float("nan")
         row["comm_time"] = comm.get(ident, 0.0) / n_workers if ident in compute else float("nan")
+    return graph_worker_times(spans, step_ends)
