@@ -22,11 +22,11 @@ scheduler as soon as it is used. The client reads nothing but a few floats
 per step (the loss, from the small bias dicts of the last layer), so steps
 are submitted ahead while earlier ones run.
 
-**The training loop** (:func:`run_graph`) pipelines the steps, watches the workers and
-replays after a lost worker. Steps are submitted ``lookahead`` ahead of the one whose loss the client
-waits for. Every wait is bounded: the loop polls, checks that the grid's
-workers are still there, and gives up with :class:`TimeoutError` when no step
-finished for ``timeout`` seconds.
+**The training loop** (:func:`run_graph`) pipelines the steps, watches the
+workers and replays after a lost worker. Steps are submitted ``lookahead``
+ahead of the one whose loss the client waits for. Every wait is bounded: the
+loop polls, checks that the grid's workers are still there, and gives up with
+:class:`TimeoutError` when no step finished for ``timeout`` seconds.
 
 Block tasks are pinned to their cells without fallback, so a task whose
 worker died would wait forever; instead the watchdog notices the missing
