@@ -274,7 +274,7 @@ def _read_labelled(name: str, n_samples, *, path, seed, dtype):
 
 
 # -- MNIST-1D, generated ----------------------------------------------------------------------
-def make_mnist1d(n_samples: int = 4000, *, seed: int = 0, dtype="float64"):
+def make_mnist1d(n_samples: int = _MNIST1D_SAMPLES, *, seed: int = 0, dtype="float64"):
     """The MNIST-1D benchmark (Greydanus 2020), generated without network access.
 
     Each sample is a 40-point 1-d signal made from one of ten digit-like

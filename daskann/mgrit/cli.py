@@ -7,6 +7,7 @@ when its options are defined.
 from __future__ import annotations
 
 import json
+import time
 import warnings
 from pathlib import Path
 
@@ -337,8 +338,6 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
     dict
         The run's summary (as ``daskann train mgrit --json``).
     """
-    import time
-
     import dask
 
     from daskann.data import load_dataset

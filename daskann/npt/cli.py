@@ -7,6 +7,7 @@ when its options are defined.
 from __future__ import annotations
 
 import json
+import time
 from typing import get_args
 
 import click
@@ -277,8 +278,6 @@ def run_demo(client) -> dict:
     largest relative difference of the weights from :class:`~daskann.SerialTrainer`
     trained the same way.
     """
-    import time
-
     import numpy as np
 
     from daskann.cluster import worker_addresses

@@ -7,6 +7,7 @@ its options are defined.
 from __future__ import annotations
 
 import json
+import time
 
 import click
 
@@ -241,8 +242,6 @@ def run_demo(client=None, *, quick: bool = False) -> dict:
         merged network's accuracy before fine-tuning, the diversity of the
         sub-models and the time of each phase.
     """
-    import time
-
     from daskann.data import load_dataset
     from daskann.partition.trainer import PartitionTrainer
 
