@@ -646,7 +646,7 @@ def _start_cluster(profile, n_workers, threads_per_worker: int, security, dashbo
         if c is not None:
             close(c)
         else:
-            cluster.close()
+            _close_cluster(cluster)
         raise
     return c
 
@@ -696,12 +696,17 @@ def close(c: Client) -> None:
     cluster = c.cluster if getattr(c, "_daskann_owns_cluster", False) else None
     c.close()
     if cluster is not None:
-        cluster.close()
-        # dask-jobqueue keeps the workers' TLS keys in open temporary files in the shared folder for as long as
-        # the cluster object lives: remove them with the cluster rather than whenever it is collected
-        for name, value in list(vars(cluster).items()):
-            if name.startswith("_job_") and hasattr(value, "close"):
-                value.close()
+        _close_cluster(cluster)
+
+
+def _close_cluster(cluster) -> None:
+    """Close a cluster this module started, with the TLS key files of a jobqueue one."""
+    cluster.close()
+    # dask-jobqueue keeps the workers' TLS keys in open temporary files in the shared folder for as long as
+    # the cluster object lives: remove them with the cluster rather than whenever it is collected
+    for name, value in list(vars(cluster).items()):
+        if name.startswith("_job_") and hasattr(value, "close"):
+            value.close()
 
 
 @contextlib.contextmanager

@@ -120,6 +120,8 @@ def test_bad_profiles_fail_in_one_line_before_any_job(tmp_path, change, key, exp
     print(message)
     assert "\n" not in message and key in message and expected in message
     assert not {job_id for job_id, _, _ in queued_jobs()} - before, "no job may be queued for a profile that is refused"
+    # a cluster built and then refused takes the workers' TLS keys out of the shared folder with it at once
+    assert not list((tmp_path / "shared").rglob(".dask-jobqueue.worker.*"))
 
 
 def test_the_command_line_trains_npt_on_a_profile_and_equals_serial(tmp_path):
