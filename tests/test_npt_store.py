@@ -263,6 +263,17 @@ def test_a_graph_checkpoint_resumes_in_resident_mode(client4, regression, tmp_pa
     assert _max_error(resumed, SerialTrainer((12,), **KWARGS).fit(X, y, steps=6)) < TOL
 
 
+@pytest.mark.parametrize("mode", ["graph", "resident"])
+def test_resuming_a_finished_run_gives_its_final_state(client4, regression, tmp_path, mode):
+    # no step is left to train: the model is the stored one, as SerialTrainer reads it
+    X, y = regression
+    kwargs = dict(grid="2x2", mode=mode, engine={"share_workers": True}, client=client4, **KWARGS)
+    NPTTrainer((12,), checkpoint={"dir": tmp_path / "run", "every": 2}, **kwargs).fit(X, y, steps=4)
+    again = NPTTrainer((12,), **kwargs).fit(X, y, steps=4, resume=tmp_path / "run")
+    assert again.n_steps_ == 4
+    assert _max_error(again, SerialTrainer((12,), **KWARGS).fit(X, y, steps=4)) < TOL
+
+
 def test_a_damaged_block_is_reported_before_any_training_task(client4, regression, tmp_path):
     X, y = regression
     run = tmp_path / "run"

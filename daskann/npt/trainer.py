@@ -448,7 +448,9 @@ class NPTTrainer(BaseTrainer):
         offset = history.last_value("time", default=0.0)
         run = self._run_spec(begin.step, stop, offset, lambda done, loss: bar.update(done, loss=loss))
         record = RunRecord(self.grid_, history)
-        self._grid_state = self._final_store = None
+        self._grid_state = None
+        # a resumed run that had no step left ends in the store it resumed from
+        self._final_store = begin.path if begin.step == stop else None
         try:
             engine(client, run, begin, record)
         finally:
