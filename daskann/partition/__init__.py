@@ -13,7 +13,7 @@ from daskann import _attach
 # the names __getattr__ loads on first use (submodules included), for type checkers and readers
 if TYPE_CHECKING:
     from daskann.exceptions import SubModelError
-    from daskann.partition import diversity, merge, npt_submodels, split, submodels, trainer  # noqa: F401
+    from daskann.partition import diversity, merge, split, submodels, trainer  # noqa: F401
     from daskann.partition.diversity import linear_cka, submodel_diversity
     from daskann.partition.merge import COMBINES, combine_logits, merge_submodels
     from daskann.partition.split import Partition, split_network
@@ -58,7 +58,6 @@ __getattr__, __dir__ = _attach(
     submodules=(
         "diversity",
         "merge",
-        "npt_submodels",
         "split",
         "submodels",
         "trainer",

@@ -8,6 +8,10 @@ order), so a task the scheduler reruns after its worker died gives the same
 weights; with a run folder it resumes from its own last checkpoint. Each
 attempt announces on the scheduler's event log that it started, so that a
 rerun which only waited for a worker is told apart from one that ran.
+
+NPT sub-models (:func:`run_npt_submodels`) are not tasks: an NPT run spreads one
+network over every worker, so they run one after another, each using the whole
+cluster, a run that raises tried again up to ``retries`` times.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from distributed import as_completed, get_worker
 from daskann import config, store
 from daskann._base import constructor_arguments
 from daskann._validation import named_error
-from daskann.cluster import worker_addresses
+from daskann.cluster import current_client, worker_addresses
 from daskann.nn import MLP
 from daskann.serial import SerialTrainer
 
@@ -137,21 +141,80 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
     started = time.time()
     _log_start()
     trainer = SerialTrainer(spec.hidden_sizes, **spec.trainer_arguments())
-    resume, resumed_from = None, 0
-    if spec.checkpoint_dir is not None and store.list_checkpoints(spec.checkpoint_dir):
-        resume = spec.checkpoint_dir
-        resumed_from = store.load_checkpoint(resume).step
+    resume, resumed_from = _resume_point(spec)
     t0, c0 = time.perf_counter(), time.thread_time()
     trainer.fit(X, y, steps=spec.steps, validation_data=validation, eval_every=spec.eval_every, resume=resume)
     seconds, cpu_seconds = time.perf_counter() - t0, time.thread_time() - c0
+    _save_history(spec, trainer)
+    return _result(spec, trainer, _worker_address(), started, seconds, cpu_seconds, resumed_from)
+
+
+def run_npt_submodels(client, specs: list[SubModelSpec], data, *, retries: int, npt_options: dict):
+    """Train each sub-model with :class:`daskann.NPTTrainer` on ``client``, one after another.
+
+    Returns ``(results, failed)`` as :func:`run_submodels`.
+    """
+    from daskann.npt import NPTTrainer  # the NPT engine loads on first use, as in trainer._npt_trainer_class
+
+    results: list = [None] * len(specs)
+    failed: dict = {}
+    for spec in specs:
+        for attempt in range(retries + 1):
+            started = time.time()
+            trainer = NPTTrainer(spec.hidden_sizes, client=client, **spec.trainer_arguments(), **npt_options)
+            resume, resumed_from = _resume_point(spec)
+            t0 = time.perf_counter()
+            try:
+                # parts of the NPT engine look for the current client; make it this one
+                with current_client(client):
+                    trainer.fit(
+                        data.X,
+                        data.y,
+                        steps=spec.steps,
+                        validation_data=data.validation,
+                        eval_every=spec.eval_every,
+                        resume=resume,
+                    )
+            except Exception as exc:
+                failed[spec.index] = exc
+                continue
+            failed.pop(spec.index, None)
+            _save_history(spec, trainer)
+            grid = trainer.grid_
+            results[spec.index] = _result(
+                spec,
+                trainer,
+                ",".join(sorted(set(grid.workers))),
+                started,
+                time.perf_counter() - t0,
+                float("nan"),
+                resumed_from,
+                extra={"grid": f"{grid.rows}x{grid.cols}", "mode": trainer.mode_, "attempts": attempt + 1},
+            )
+            break
+    return results, failed
+
+
+def _resume_point(spec: SubModelSpec) -> tuple[str | None, int]:
+    """The sub-model's own checkpoint to resume from and its step (``None, 0``: a fresh start)."""
+    if spec.checkpoint_dir is not None and store.list_checkpoints(spec.checkpoint_dir):
+        return spec.checkpoint_dir, store.load_checkpoint(spec.checkpoint_dir).step
+    return None, 0
+
+
+def _save_history(spec: SubModelSpec, trainer) -> None:
     if spec.checkpoint_dir is not None:
         store.save_history(trainer.history_, Path(spec.checkpoint_dir) / store.HISTORY_STORE)
+
+
+def _result(spec, trainer, worker, started, seconds, cpu_seconds, resumed_from, extra=None) -> SubModelResult:
+    """A trained sub-model and its attempt: where it ran, its clock times and training time."""
     return SubModelResult(
         index=spec.index,
         seed=spec.seed,
         model=trainer.model_,
         history=trainer.history_,
-        worker=_worker_address(),
+        worker=worker,
         host=socket.gethostname(),
         pid=os.getpid(),
         started=started,
@@ -159,6 +222,7 @@ def train_submodel(spec: SubModelSpec, X, y, validation) -> SubModelResult:
         seconds=seconds,
         cpu_seconds=cpu_seconds,
         resumed_from=resumed_from,
+        extra=extra or {},
     )
 
 

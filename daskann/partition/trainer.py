@@ -36,12 +36,12 @@ from daskann.exceptions import SubModelError
 from daskann.nn import MLP
 from daskann.partition.diversity import submodel_diversity
 from daskann.partition.merge import check_combine, check_noise, merge_submodels
-from daskann.partition.npt_submodels import run_npt_submodels
 from daskann.partition.split import Partition, check_hidden_k, split_network
 from daskann.partition.submodels import (
     SHARED_SETTINGS,
     SubModelSpec,
     merge_seed,
+    run_npt_submodels,
     run_submodels,
     submodel_dir,
     submodel_seeds,
