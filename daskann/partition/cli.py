@@ -66,10 +66,6 @@ _partition_options = option_group(
 )
 
 
-def _connect(opts: dict):
-    return connect(opts, quiet=bool(opts.get("quiet") or opts.get("as_json")))
-
-
 def partition_summary(trainer) -> dict:
     """Figures a partitioned run adds to the common summary (JSON-safe)."""
     counts = trainer.partition_.parameter_counts()
@@ -122,7 +118,7 @@ def train_command(**opts):
     state = {"client": None}
 
     def make(settings, dataset):
-        state["client"] = _connect(opts)
+        state["client"] = connect(opts, quiet=bool(opts.get("quiet") or opts.get("as_json")))
         return PartitionTrainer(
             **settings,
             k=opts["k"],

@@ -105,8 +105,8 @@ class Partition:
         for i in range(len(self.sizes) - 1):
             mask = np.zeros((self.sizes[i], self.sizes[i + 1]), dtype=bool)
             for g in range(self.k):
-                rows, cols = self.unit_slices(g)[i], self.unit_slices(g)[i + 1]
-                mask[rows, cols] = True
+                units = self.unit_slices(g)
+                mask[units[i], units[i + 1]] = True
             masks.append(mask)
         return masks
 
@@ -155,9 +155,7 @@ def split_network(sizes: Sequence[int], k: int) -> Partition:
     4.0
     """
     sizes = check_sizes(sizes)
-    if len(sizes) < 3:
-        raise invalid("hidden_sizes", list(sizes[1:-1]), "at least one hidden layer to split into sub-models")
-    k = check_hidden_k(k, sizes[1:-1])
+    k = check_hidden_k(k, sizes[1:-1])  # refuses a network without a hidden layer too
     bounds = tuple(group_bounds(h, k) for h in sizes[1:-1])
     return Partition(sizes=tuple(sizes), k=k, bounds=bounds)
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -285,9 +284,7 @@ def run_submodels(
         One :class:`SubModelResult` per sub-model, ``None`` where it failed.
     failed : dict of int to BaseException
     """
-    workers = tuple(worker_addresses(client))
-    phase = _Phase(client, prefix, retries, timeout, time.perf_counter() + timeout, workers, rescatter, watch)
-    tasks = _SubModelTasks(phase, specs, data)
+    tasks = _SubModelTasks(client, specs, data, prefix, retries, timeout, rescatter, watch)
     if mode == "parallel":
         tasks.collect({spec.index: tasks.submit(spec) for spec in specs})
     else:
@@ -296,57 +293,45 @@ def run_submodels(
     return tasks.results, tasks.failed
 
 
-@dataclass(frozen=True)
-class _Phase:
-    """How the sub-model tasks of one phase are submitted and waited for (see :func:`run_submodels`)."""
-
-    client: object
-    prefix: str
-    retries: int
-    timeout: float
-    deadline: float  # time.perf_counter() by which every sub-model must have finished
-    workers: tuple  # spread the sub-models over these
-    rescatter: Callable | None = None
-    watch: Callable | None = None
-
-    def remaining(self) -> float:
-        return max(self.deadline - time.perf_counter(), 0.001)
-
-
 class _SubModelTasks:
-    """The phase's futures, the data they read, and what came back."""
+    """One phase's sub-model futures, the data they read, and what came back (see :func:`run_submodels`)."""
 
-    def __init__(self, phase: _Phase, specs: list[SubModelSpec], data):
-        self.phase = phase
+    def __init__(self, client, specs: list[SubModelSpec], data, prefix, retries, timeout, rescatter, watch):
+        self.client, self.prefix, self.retries, self.timeout = client, prefix, retries, timeout
+        self.rescatter, self.watch = rescatter, watch
+        self.workers = tuple(worker_addresses(client))  # spread the sub-models over these
+        self.deadline = time.perf_counter() + timeout  # by which every sub-model must have finished
         self.by_index = {spec.index: spec for spec in specs}
         self.data = data  # the latest copy of (X, y, validation) on the cluster
         self.results: list = [None] * len(specs)
         self.failed: dict = {}
 
+    def remaining(self) -> float:
+        return max(self.deadline - time.perf_counter(), 0.001)
+
     def submit(self, spec: SubModelSpec, rerun: int = 0):
         """The future of one sub-model task and the data it reads."""
-        phase = self.phase
         # a soft hint spreads the sub-models over the workers; never a hard pin,
         # so a task whose worker died can run on another one. Sub-models start in
         # index order, and a rerun keeps its sub-model's place in that order.
-        hint = [phase.workers[spec.index % len(phase.workers)]] if phase.workers else None
+        hint = [self.workers[spec.index % len(self.workers)]] if self.workers else None
         X, y, validation = used = self.data
-        key = f"{phase.prefix}-submodel-{spec.index}" + (f"-rerun{rerun}" if rerun else "")
-        future = phase.client.submit(
+        key = f"{self.prefix}-submodel-{spec.index}" + (f"-rerun{rerun}" if rerun else "")
+        future = self.client.submit(
             train_submodel,
             spec,
             X,
             y,
             validation,
             key=key,
-            retries=phase.retries,
+            retries=self.retries,
             workers=hint,
             allow_other_workers=True,
             priority=-spec.index,
             pure=False,
         )
-        if phase.watch is not None:
-            phase.watch(future)
+        if self.watch is not None:
+            self.watch(future)
         return future, used
 
     def collect(self, futures: dict) -> None:
@@ -358,7 +343,7 @@ class _SubModelTasks:
         running = {
             future: (g, used, _LostDataReruns(self.by_index[g].checkpoint_dir)) for g, (future, used) in futures.items()
         }
-        finished = as_completed(list(running), loop=self.phase.client.loop, timeout=self.phase.remaining())
+        finished = as_completed(list(running), loop=self.client.loop, timeout=self.remaining())
         while running:
             try:
                 lost = self._take([next(finished)], running)
@@ -381,9 +366,9 @@ class _SubModelTasks:
         for future in done:
             g, used, reruns = running.pop(future)
             try:
-                self.results[g] = future.result(timeout=self.phase.remaining())
+                self.results[g] = future.result(timeout=self.remaining())
             except CancelledError as exc:
-                if self.phase.rescatter is not None and _lost_with_its_data(exc, used):
+                if self.rescatter is not None and _lost_with_its_data(exc, used):
                     if reruns.allow(started=self._started(future.key)):
                         lost.append((g, used, reruns))
                         continue
@@ -399,20 +384,20 @@ class _SubModelTasks:
 
     def _started(self, key) -> bool:
         """Whether the attempt with this task key began on a worker (it logged so as it started)."""
-        return any(key == logged for _, logged in self.phase.client.get_events(STARTED_TOPIC))
+        return any(key == logged for _, logged in self.client.get_events(STARTED_TOPIC))
 
     def _renew_data(self, lost: list) -> None:
         # every copy of the data died with its workers: scatter it again (once) for the reruns
         if any(self.data is used for _, used, _ in lost) or _data_lost(self.data):
-            self.data = self.phase.rescatter()
+            self.data = self.rescatter()
 
     def _time_out(self, running: dict) -> None:
         pending = sorted(g for g, _, _ in running.values())
-        self.phase.client.cancel(list(running))
+        self.client.cancel(list(running))
         raise named_error(
             TimeoutError,
             "timeout",
-            f"{self.phase.timeout:g} s is not enough: sub-models {pending} had not finished; "
+            f"{self.timeout:g} s is not enough: sub-models {pending} had not finished; "
             "raise the timeout or shorten sub_steps",
         ) from None
 

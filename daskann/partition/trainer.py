@@ -432,7 +432,7 @@ class PartitionTrainer(BaseTrainer):
         if data.validation is not None:
             task = "classification" if settings["loss"] == "cross_entropy" else "regression"
             if is_dask_array(data.validation[0]):  # measured on a worker, where the validation data lives
-                self.diversity_ = remote_call(_diversity, self.submodels_, data.validation[0], task)
+                self.diversity_ = remote_call(submodel_diversity, self.submodels_, data.validation[0], task=task)
             else:
                 self.diversity_ = submodel_diversity(self.submodels_, data.validation[0], task=task)
 
@@ -519,8 +519,7 @@ class PartitionTrainer(BaseTrainer):
 
     def _submodel_specs(self, settings, partition, sub_total, run_dir) -> list[SubModelSpec]:
         """What each sub-model's task trains: its widths, seed, shared settings, length and folder."""
-        shared = {name: settings[name] for name in SHARED_SETTINGS}
-        shared["dtype"] = settings["dtype"].name
+        shared = _shared_settings(settings)
         return [
             SubModelSpec(
                 index=g,
@@ -654,8 +653,7 @@ class PartitionTrainer(BaseTrainer):
 
     def _make_finetuner(self, client, settings, run_dir):
         kwargs = constructor_arguments(
-            {name: settings[name] for name in SHARED_SETTINGS},
-            dtype=settings["dtype"].name,
+            _shared_settings(settings),
             seed=settings["seed"],
             verbose=self.verbose,
             checkpoint_dir=run_dir,
@@ -730,6 +728,11 @@ class PartitionTrainer(BaseTrainer):
         return data.X, data.y
 
 
+def _shared_settings(settings: dict) -> dict:
+    """The settings sub-models and the fine-tuner share with this trainer, ``dtype`` by its name."""
+    return {name: settings[name] for name in SHARED_SETTINGS} | {"dtype": settings["dtype"].name}
+
+
 def _shared_copies(client, data, prefix: str):
     """One copy of the dask-array data on every worker: cut on one, replicated worker to worker."""
     arrays = [data.X, data.y, *(data.validation or ())]
@@ -745,17 +748,13 @@ def _fit_on_worker(trainer, X, y, validation, fit_kwargs: dict):
     return trainer
 
 
-def _diversity(submodels, X, task: str) -> dict:
-    return submodel_diversity(submodels, X, task=task)
-
-
 def _nan_reduce(values: np.ndarray, reduce):
     """``reduce`` over the finite entries along axis 0 (NaN where none), without warnings."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim == 1:
         finite = values[~np.isnan(values)]
         return float(reduce(finite)) if finite.size else float("nan")
-    return np.array([_nan_reduce(values[:, i], reduce) for i in range(values.shape[1])])
+    return np.array([_nan_reduce(column, reduce) for column in values.T])
 
 
 def _advance_when_done(bar):
