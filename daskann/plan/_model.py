@@ -77,10 +77,15 @@ class Network:
 
     @property
     def n_params(self) -> int:
-        return sum((a + 1) * b for a, b in zip(self.sizes[:-1], self.sizes[1:], strict=True))
+        return n_params(self.sizes)
 
     def data_bytes(self) -> int:
         return self.n_samples * (self.sizes[0] + self.sizes[-1]) * self.itemsize
+
+
+def n_params(sizes) -> int:
+    """Weights and biases of a net of layer widths ``sizes``."""
+    return sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
 
 
 def serial_step_flops(sizes, batch_size: int) -> float:
@@ -94,8 +99,7 @@ def serial_step_flops(sizes, batch_size: int) -> float:
 
 def step_elements(sizes, batch_size: int) -> float:
     """Numbers a training step touches outside its GEMMs: every layer's rows of activations and every parameter."""
-    n_params = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:], strict=True))
-    return float(batch_size * sum(sizes) + n_params)
+    return float(batch_size * sum(sizes) + n_params(sizes))
 
 
 def serial_step_seconds(sizes, batch_size: int, cluster: ClusterSpec) -> float:
@@ -134,7 +138,9 @@ class Prediction:
         }
 
 
-def _row(method: str, net: Network, p: int, seconds: float, serial_step: float, config: dict) -> Prediction:
+def _row(method: str, net: Network, p: int, seconds: float, cluster: ClusterSpec, config: dict) -> Prediction:
+    """The prediction of ``seconds`` for ``net``, its speedup over serial training on ``cluster``."""
+    serial_step = serial_step_seconds(net.sizes, net.batch_size, cluster)
     return Prediction(method, net.name, p, seconds, seconds / net.steps, net.steps * serial_step / seconds, config)
 
 
@@ -168,13 +174,12 @@ def predict_npt(net: Network, cluster: ClusterSpec, p: int, *, square: bool = Fa
     counted, as ``--validate`` measures it (the difference of a long and a
     short run).
     """
-    serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
     modes = ("resident",) if cluster.task_overhead == 0 else ("graph", "resident")
     shapes = [s for s in candidate_grids(p) if s[0] == s[1] or not square]
     per_step, (rows, cols), mode = min(
         (npt_step_seconds(net, cluster, p, shape, mode), shape, mode) for shape in shapes for mode in modes
     )
-    return _row("npt", net, p, per_step * net.steps, serial, {"grid": f"{rows}x{cols}", "mode": mode})
+    return _row("npt", net, p, per_step * net.steps, cluster, {"grid": f"{rows}x{cols}", "mode": mode})
 
 
 # -- MGRIT ----------------------------------------------------------------------------------
@@ -298,7 +303,6 @@ def predict_mgrit(net: Network, cluster: ClusterSpec, p: int, configs: list[dict
     A configuration's own measured task cost (``task_overhead_s``, timed on
     its graphs) replaces the cluster's ``mgrit_task_overhead``.
     """
-    serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
     best = None
     for config in configs:
         iterations = config.get("iterations")
@@ -313,7 +317,7 @@ def predict_mgrit(net: Network, cluster: ClusterSpec, p: int, configs: list[dict
             best = (seconds, config)
     if best is None:
         return None
-    return _row("mgrit", net, p, best[0], serial, dict(best[1]))
+    return _row("mgrit", net, p, best[0], cluster, dict(best[1]))
 
 
 def grown_iterations(pilot_iterations: int, pilot_steps: int, steps: int) -> int:
@@ -349,14 +353,13 @@ def partition_seconds(net: Network, cluster: ClusterSpec, p: int, k: int, finetu
     """
     hidden = tuple(-(-h // k) for h in net.sizes[1:-1])
     sub_sizes = (net.sizes[0], *hidden, net.sizes[-1])
-    finetune = max(1, round(finetune_fraction * net.steps))
-    sub_steps = max(net.steps - finetune, 1)
-    sub_params = sum((a + 1) * b for a, b in zip(sub_sizes[:-1], sub_sizes[1:], strict=True))
+    steps = partition_config(net, k, finetune_fraction)
+    sub_steps, finetune = steps["sub_steps"], steps["finetune_steps"]
     # each sub-model is one task: a trainer trains it, the data goes out, the trained sub-model comes back
     task = (
         cluster.fit_overhead
         + sub_steps * serial_step_seconds(sub_sizes, net.batch_size, cluster)
-        + (net.data_bytes() + sub_params * net.itemsize) / cluster.bandwidth
+        + (net.data_bytes() + n_params(sub_sizes) * net.itemsize) / cluster.bandwidth
     )
     waves = math.ceil(k / p)
     merge = net.n_params * net.itemsize / cluster.bandwidth + net.n_layers * cluster.layer_overhead
@@ -372,9 +375,8 @@ def predict_partition(
     ks = partition_ks(net, p)
     if not ks:
         return None
-    serial = serial_step_seconds(net.sizes, net.batch_size, cluster)
     seconds, k = min((partition_seconds(net, cluster, p, k, finetune_fraction), k) for k in ks)
-    return _row("partition", net, p, seconds, serial, partition_config(net, k, finetune_fraction))
+    return _row("partition", net, p, seconds, cluster, partition_config(net, k, finetune_fraction))
 
 
 def partition_config(net: Network, k: int, finetune_fraction: float = FINETUNE_FRACTION) -> dict:
