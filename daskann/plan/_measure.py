@@ -159,12 +159,9 @@ def _mgrit_task_cost(
     net, X, y, settings = _pilot_net(net, steps, cluster, runs=3 * iterations)  # about three sweeps an iteration
     config = config or {"preset": "solver2", "levels": 2, "cfactor": 4}
     config = {k: config[k] for k in ("preset", "levels", "cfactor")}
-    solver = {"levels": config["levels"], "cfactor": config["cfactor"], "max_iter": iterations, "tol": 1e-300}
-    trainer = MGRITTrainer(net.sizes[1:-1], **settings, preset=config["preset"], solver=solver, client=client)
     # every iteration, whatever it costs: the pilot's convergence does not matter, its timing does
-    with warnings.catch_warnings(), dask.config.set({"daskann.mgrit.solve": "study"}):
-        warnings.simplefilter("ignore")
-        trainer.fit(X, y, steps=steps)
+    solver = {"max_iter": iterations, "tol": 1e-300}
+    trainer = fit_mgrit(net.sizes[1:-1], X, y, settings, steps, config, solver, client=client)
     times = trainer.result_.iteration_times
     measured = float(np.median(times[1:] if len(times) > 1 else times))  # the first also warms the workers up
     p = len(worker_addresses(client))
@@ -181,6 +178,21 @@ def _mgrit_task_cost(
         mid = 0.5 * (lo + hi)
         lo, hi = (mid, hi) if later(mid) < measured else (lo, mid)
     return 0.5 * (lo + hi)
+
+
+def fit_mgrit(hidden, X, y, settings: dict, steps: int, config: dict, solver: dict, **kwargs) -> MGRITTrainer:
+    """An :class:`MGRITTrainer` at ``config`` (``preset``, ``levels``, ``cfactor``) fitted for ``steps`` steps.
+
+    ``solver`` adds to the solver options, ``kwargs`` to the trainer's. The solve runs
+    whatever it costs (``daskann.mgrit.solve: study``, the solve a plan predicts), its
+    warnings silenced.
+    """
+    solver = {"levels": config["levels"], "cfactor": config["cfactor"], **solver}
+    trainer = MGRITTrainer(hidden, **settings, preset=config["preset"], solver=solver, **kwargs)
+    with warnings.catch_warnings(), dask.config.set({"daskann.mgrit.solve": "study"}):
+        warnings.simplefilter("ignore")
+        trainer.fit(X, y, steps=steps)
+    return trainer
 
 
 def calibrate_mgrit(client, cluster: ClusterSpec, net, configs: list[dict], *, most_steps: int = 256) -> list[dict]:
@@ -213,16 +225,22 @@ def _partition_overhead(client, cluster: ClusterSpec, net=None, *, steps: int = 
     results (with their histories) collected, the fine-tuner started.
     """
     net, X, y, settings = _pilot_net(net, 2 * steps, cluster, runs=repeats)
-    spent = []
-    for _ in range(repeats):
-        trainer = PartitionTrainer(net.sizes[1:-1], **settings, k=2, split={"sub_steps": steps}, client=client)
-        trainer.fit(X, y, steps=steps)
-        spent.append(sum(trainer.timings_[phase] for phase in ("submodel", "merge", "finetune")))
+    config = {"k": 2, "sub_steps": steps, "finetune_steps": steps}
+    spent = [partition_phases(client, net.sizes[1:-1], X, y, settings, config) for _ in range(repeats)]
     p = len(worker_addresses(client))
     # the model's training and transfers alone: a negligible own cost stands in for the one measured here
     tiny = 1e-12
     work = partition_seconds(net, replace(cluster, partition_overhead=tiny), p, 2, 0.5) - tiny
     return max(float(np.median(spent)) - work, 1e-9)
+
+
+def partition_phases(client, hidden, X, y, settings: dict, config: dict) -> float:
+    """Seconds of the three phases (sub-models, merge, fine-tuning) of a partitioned run at ``config``."""
+    trainer = PartitionTrainer(
+        hidden, **settings, k=config["k"], split={"sub_steps": config["sub_steps"]}, client=client
+    )
+    trainer.fit(X, y, steps=config["finetune_steps"])
+    return sum(trainer.timings_[phase] for phase in ("submodel", "merge", "finetune"))
 
 
 def _resident_step_cost(

@@ -10,20 +10,22 @@ The three planners below use the models of :mod:`daskann.plan._model` and the ti
 from __future__ import annotations
 
 import math
-import time
-import warnings
 from abc import ABC, abstractmethod
 from dataclasses import replace
 
-import dask
 import numpy as np
 
 from daskann._methods import BY_NAME, load
 from daskann.exceptions import MGRITDiverged
-from daskann.mgrit import MGRITTrainer
-from daskann.partition import PartitionTrainer
 from daskann.plan._cluster import ClusterSpec
-from daskann.plan._measure import _partition_overhead, calibrate_mgrit, npt_step_walls, step_costs
+from daskann.plan._measure import (
+    _partition_overhead,
+    calibrate_mgrit,
+    fit_mgrit,
+    npt_step_walls,
+    partition_phases,
+    step_costs,
+)
 from daskann.plan._model import (
     Network,
     Prediction,
@@ -209,16 +211,7 @@ class MGRITPlanner(MethodPlanner):
         return {**config, "task_overhead_s": float(np.median([c.mgrit_task_overhead for c in clusters]))}
 
     def run_seconds(self, client, net, config, hidden, X, y, settings):
-        trainer = MGRITTrainer(
-            hidden,
-            **settings,
-            preset=config["preset"],
-            solver={"levels": config["levels"], "cfactor": config["cfactor"], "require_convergence": False},
-            client=client,
-        )
-        with warnings.catch_warnings(), dask.config.set({"daskann.mgrit.solve": "study"}):  # the solve it predicted
-            warnings.simplefilter("ignore")
-            trainer.fit(X, y, steps=net.steps)
+        trainer = fit_mgrit(hidden, X, y, settings, net.steps, config, {"require_convergence": False}, client=client)
         # the first iteration, and the median of the others for each further one: a busy machine stalls single ones
         first, *later = trainer.result_.iteration_times
         return float(first + len(later) * (np.median(later) if later else 0.0))
@@ -243,18 +236,8 @@ class PartitionPlanner(MethodPlanner):
         own = replace(cluster, **step_costs(client, cluster.flop_rate, net))
         return replace(own, partition_overhead=_partition_overhead(client, own, net))
 
-    def run_seconds(self, client, net, config, hidden, X, y, settings, *, repeats: int = 1):
-        spent = []
-        for _ in range(repeats):
-            trainer = PartitionTrainer(
-                hidden, **settings, k=config["k"], split={"sub_steps": config["sub_steps"]}, client=client
-            )
-            t0 = time.perf_counter()
-            trainer.fit(X, y, steps=config["finetune_steps"])
-            timings = trainer.timings_
-            phases = timings.get("submodel", 0.0) + timings.get("merge", 0.0) + timings.get("finetune", 0.0)
-            spent.append(phases or time.perf_counter() - t0)
-        return float(np.median(spent))
+    def run_seconds(self, client, net, config, hidden, X, y, settings):
+        return float(partition_phases(client, hidden, X, y, settings, config))
 
 
 def pilot_configs(hidden, X, y, settings: dict, steps: int, *, pilot_steps: int = PILOT_STEPS) -> list[dict]:
@@ -271,23 +254,15 @@ def pilot_configs(hidden, X, y, settings: dict, steps: int, *, pilot_steps: int 
     for preset, levels, cfactor in PILOT_CONFIGS:
         if n // cfactor ** (levels - 1) < 2:
             continue
-        trainer = MGRITTrainer(
-            hidden,
-            **settings,
-            preset=preset,
-            solver={"levels": levels, "cfactor": cfactor, "require_convergence": False},
-            engine={"scheduler": "inprocess"},
-        )
+        config = {"preset": preset, "levels": levels, "cfactor": cfactor}
         try:
             # the solve whatever it costs (a pilot that does not pay says so: the plan reports it)
-            with warnings.catch_warnings(), dask.config.set({"daskann.mgrit.solve": "study"}):
-                warnings.simplefilter("ignore")
-                trainer.fit(X, y, steps=n)
+            solver = {"require_convergence": False}
+            trainer = fit_mgrit(hidden, X, y, settings, n, config, solver, engine={"scheduler": "inprocess"})
         except (MGRITDiverged, FloatingPointError, ValueError):
             continue
         if not trainer.result_.converged:
             continue
-        config = {"preset": preset, "levels": levels, "cfactor": cfactor}
         out.append(
             {
                 **config,

@@ -6,6 +6,7 @@ its options are defined (``daskann --help`` lists this command).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -183,7 +184,6 @@ def _problem(opts: dict, settings: dict):
 
 def _cluster(opts: dict, net=None, method_planners=()):
     """The cluster to predict for; where it is the live one, each method's own costs are timed on it too."""
-    from daskann.cluster import close
     from daskann.plan._cluster import load_cluster, profile_cluster
     from daskann.plan._measure import measure_cluster
 
@@ -195,40 +195,41 @@ def _cluster(opts: dict, net=None, method_planners=()):
             return typical
         # a site profile without typical values: start its cluster and measure it
 
-    client = connect(opts, quiet=True)
-    try:
+    with _connected(opts) as client:
         cluster = measure_cluster(client, net=net)  # pilots of the net planned for
         for planner in method_planners:
             planner.calibrate(client, cluster, net)  # MGRIT's task cost on each configuration's graphs
         return cluster
+
+
+@contextlib.contextmanager
+def _connected(opts: dict):
+    """A client of the live cluster the options name, closed on exit."""
+    from daskann.cluster import close
+
+    client = connect(opts, quiet=True)
+    try:
+        yield client
     finally:
         close(client)
 
 
 def _measure(opts: dict) -> None:
-    from daskann.cluster import close
     from daskann.plan._cluster import write_cluster
     from daskann.plan._measure import measure_cluster
 
-    client = connect(opts, quiet=True)
-    try:
+    with _connected(opts) as client:
         cluster = measure_cluster(client)
-    finally:
-        close(client)
     path = write_cluster(cluster, opts["output"])
     if not opts["as_json"]:
         click.echo(f"wrote {path}: " + ", ".join(f"{k}={v}" for k, v in cluster.to_dict().items()))
 
 
 def _validate(opts: dict, net, hidden, X, y, train, method_planners) -> None:
-    from daskann.cluster import close
     from daskann.plan._runs import validate
 
-    client = connect(opts, quiet=True)
-    try:
+    with _connected(opts) as client:
         rows, cluster = validate(client, net, hidden, X, y, train, method_planners)
-    finally:
-        close(client)
     if opts["as_json"]:
         keys = ("method", "workers", "predicted_s", "measured_s")
         click.echo(json.dumps(clean_json({"validation": [{k: r[k] for k in keys} for r in rows]}), indent=2))
