@@ -328,7 +328,7 @@ def test_measure_writes_a_file_cluster_reads(client2, tmp_path):
 
 
 def test_validate_on_two_workers(client2, monkeypatch):
-    from daskann.plan import _runs
+    from daskann.plan import _planners as _runs
 
     # two rounds of runs predicted to last 0.1 s keep the test short; the command's defaults are 5 and 1 s
     monkeypatch.setattr(_runs, "VALIDATION_ROUNDS", 2)
@@ -345,8 +345,7 @@ def test_validate_on_two_workers(client2, monkeypatch):
 
 
 def test_validated_steps_grow_until_a_run_lasts_long_enough():
-    from daskann.plan._planners import MGRITPlanner, NPTPlanner, PartitionPlanner
-    from daskann.plan._runs import _at_steps, _Check, _long_enough
+    from daskann.plan._planners import MGRITPlanner, NPTPlanner, PartitionPlanner, _at_steps, _Check, _long_enough
 
     npt_planner = NPTPlanner(finetune_fraction=0.25)
     npt = _Check(npt_planner, NET, predict_npt(NET, SYNTHETIC, 2).config)

@@ -226,7 +226,7 @@ def _measure(opts: dict) -> None:
 
 
 def _validate(opts: dict, net, hidden, X, y, train, method_planners) -> None:
-    from daskann.plan._runs import validate
+    from daskann.plan._planners import validate
 
     with _connected(opts) as client:
         rows, cluster = validate(client, net, hidden, X, y, train, method_planners)
