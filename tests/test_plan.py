@@ -328,11 +328,11 @@ def test_measure_writes_a_file_cluster_reads(client2, tmp_path):
 
 
 def test_validate_on_two_workers(client2, monkeypatch):
-    from daskann.plan import _planners as _runs
+    from daskann.plan import _planners
 
     # two rounds of runs predicted to last 0.1 s keep the test short; the command's defaults are 5 and 1 s
-    monkeypatch.setattr(_runs, "VALIDATION_ROUNDS", 2)
-    monkeypatch.setattr(_runs, "VALIDATION_SECONDS", 0.1)
+    monkeypatch.setattr(_planners, "VALIDATION_ROUNDS", 2)
+    monkeypatch.setattr(_planners, "VALIDATION_SECONDS", 0.1)
     address = client2.scheduler.address
     args = ["--validate", "--method", "all", "--address", address, "--hidden", "16,16", "--n-features", "8"]
     out = CliRunner().invoke(plan_command, [*args, "--n-outputs", "2", "--steps", "32", "--json"])
