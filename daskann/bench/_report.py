@@ -1,24 +1,19 @@
-"""What every benchmark report shares: the machine it ran on, and its JSON document and PNG figures.
+"""What every benchmark report shares: the machine it ran on.
 
 The machine is its platform, library versions, CPU and BLAS (client and
 workers). Each benchmark's report keeps the layout it always had (other tools
 read them), so there is one function per layout, built from the same pieces.
-A report is written whole, as a JSON document and PNG figures in the output
-folder.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import sys
-from pathlib import Path
 
 import dask
 import distributed
 import numpy as np
 
-from daskann import _plotting
 from daskann.cluster import _blas_info, blas_info, worker_addresses, worker_threads
 
 #: the BLAS fields of each report, in their order
@@ -88,21 +83,9 @@ def partition_machine(client=None) -> dict:
     return report
 
 
-def progress(message: str) -> None:
-    """A progress line on standard error, apart from the report on standard output."""
-    print(message, file=sys.stderr, flush=True)
-
-
-def save_figure(fig, path, *, dpi: int = 110) -> Path:
-    """Write a figure of :func:`daskann._plotting.figure` as PNG to ``path``."""
-    return _plotting.save(fig, path, dpi=dpi)
-
-
 __all__ = [
     "cpu_model",
     "mgrit_machine",
     "npt_machine",
     "partition_machine",
-    "progress",
-    "save_figure",
 ]

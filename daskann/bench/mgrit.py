@@ -33,7 +33,7 @@ import numpy as np
 from daskann import _plotting
 from daskann._json import json_default, write_json
 from daskann._validation import check_choice, check_float, check_int, invalid
-from daskann.bench._report import mgrit_machine, save_figure
+from daskann.bench._report import mgrit_machine
 from daskann.cluster import worker_addresses
 from daskann.data import BatchOrder, make_linear
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged
@@ -484,7 +484,7 @@ def _plot_iterations(study: list[dict], path: Path) -> Path:
     if by_config:
         ax.legend(fontsize=7)
     ax.set_title("iterations against N")
-    return save_figure(fig, path, dpi=100)
+    return _plotting.save(fig, path, dpi=100)
 
 
 def _plot_residuals(study: list[dict], path: Path) -> Path:
@@ -508,7 +508,7 @@ def _plot_residuals(study: list[dict], path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     if 0 < len(study) <= 16:
         ax.legend(fontsize=6)
-    return save_figure(fig, path, dpi=100)
+    return _plotting.save(fig, path, dpi=100)
 
 
 def _line_style(record: dict) -> str:

@@ -8,8 +8,10 @@ writes ``bench-mgrit-paper.json``, a zarr store and the two figures.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,6 @@ from daskann import _plotting
 from daskann._json import write_json
 from daskann._validation import check_choice, check_int, invalid
 from daskann.bench import mgrit_paper as paper
-from daskann.bench._report import progress, save_figure
 
 PAPER_JSON = "bench-mgrit-paper.json"
 
@@ -194,7 +195,7 @@ def _plot_speedup(records: list[dict], path: Path, number: int) -> Path:
     if steps:
         ax.legend(fontsize=7)
     ax.set_title(f"Figure {number}: {records[0]['problem']} problem")
-    return save_figure(fig, path, dpi=100)
+    return _plotting.save(fig, path, dpi=100)
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,10 @@ def run(client, config: PaperConfig, *, say=lambda msg: None) -> list[dict]:
 def paper_main(opts: dict, *, echo=print) -> dict:
     """``daskann bench mgrit --paper``: run the tables, ``echo`` them, write JSON, zarr and the two figures."""
     config = PaperConfig.from_options(**opts)
-    say = (lambda msg: None) if opts.get("quiet") or opts.get("as_json") else progress
+    # progress lines on standard error, apart from the tables on standard output
+    say = (
+        (lambda msg: None) if opts.get("quiet") or opts.get("as_json") else partial(print, file=sys.stderr, flush=True)
+    )
     output = Path(opts["output"])
     output.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -10,7 +10,6 @@ import xarray as xr
 
 from daskann import _plotting, store
 from daskann._json import clean_json, write_json
-from daskann.bench._report import save_figure
 from daskann.bench.npt_checks import fmt
 
 
@@ -106,7 +105,7 @@ def plot(table: list[dict], out_dir) -> dict:
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
         fig.legend(loc="outside right upper", fontsize=7)
-        paths[metric] = save_figure(fig, Path(out_dir) / f"bench-npt-{metric}.png", dpi=110)
+        paths[metric] = _plotting.save(fig, Path(out_dir) / f"bench-npt-{metric}.png", dpi=110)
     return paths
 
 

@@ -43,7 +43,7 @@ from threadpoolctl import threadpool_limits
 from daskann import _plotting
 from daskann._json import write_json
 from daskann._validation import check_choice, check_float, check_hidden_sizes, check_int, invalid
-from daskann.bench._report import partition_machine, save_figure
+from daskann.bench._report import partition_machine
 from daskann.bench.partition_models import (
     STAND_IN,
     add_equal_time_gaps,
@@ -688,7 +688,7 @@ def plot_report(report: dict, path) -> Path:
     fig, axes = _plotting.figure(len(ks), size=(6, 4.2))
     for ax, k in zip(axes, ks, strict=True):
         _plot_panel(ax, report, k)
-    return save_figure(fig, path, dpi=120)
+    return _plotting.save(fig, path, dpi=120)
 
 
 def _plot_panel(ax, report: dict, k: int) -> None:
