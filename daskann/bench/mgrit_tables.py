@@ -49,46 +49,43 @@ def paper_tables(
         the paper's iterations (``"paper"``, three-layer tables), the levels,
         residual histories and seconds of each entry besides.
     """
-    # the problems are tiny: a multi-threaded BLAS only spins (5x slower measured on 2 busy cores)
-    with threadpool_limits(1):
-        return _paper_tables(max_steps, tables, double_phi, max_iter, say)
-
-
-def _paper_tables(max_steps, tables, double_phi, max_iter, say) -> list[dict]:
     problems: dict = {}
     records = []
-    for spec in paper.TABLES:
-        if tables is not None and spec["table"] not in tables:
-            continue
-        steps = [n for n in spec["steps"] if max_steps is None or n <= max_steps]
-        if not steps:
-            continue
-        prob = problems.get(spec["problem"]) or problems.setdefault(spec["problem"], paper.problem(spec["problem"]))
-        rec = {k: spec[k] for k in ("table", "problem", "solver", "cycle", "alpha_b", "alpha_max")}
-        rec.update(steps=steps, iterations=[], converged=[], rho=[], potential_speedup=[])
-        rec.update(paper=None if spec["paper"] is None else list(spec["paper"][: len(steps)]))
-        rec.update(levels=[], residuals=[], seconds=[], double_phi=double_phi)
-        for n in steps:
-            t0 = time.perf_counter()
-            result = paper.solve_paper(
-                prob,
-                n,
-                spec["solver"],
-                cycle=spec["cycle"],
-                alpha_b=spec["alpha_b"],
-                alpha_max=spec["alpha_max"],
-                double_phi=double_phi,
-                max_iter=max_iter,
-            )
-            rec["iterations"].append(result.iterations)
-            rec["converged"].append(bool(result.converged))
-            rec["rho"].append(_finite_or_none(result.rho))
-            rec["potential_speedup"].append(_finite_or_none(result.potential_speedup))
-            rec["levels"].append(len(result.levels))
-            rec["residuals"].append([_finite_or_none(r) for r in result.residuals])
-            rec["seconds"].append(time.perf_counter() - t0)
-            say(f"table {spec['table']} N={n}: {result.iterations} iterations ({rec['seconds'][-1]:.1f} s)")
-        records.append(rec)
+    # the problems are tiny: a multi-threaded BLAS only spins (5x slower measured on 2 busy cores)
+    with threadpool_limits(1):
+        for spec in paper.TABLES:
+            if tables is not None and spec["table"] not in tables:
+                continue
+            steps = [n for n in spec["steps"] if max_steps is None or n <= max_steps]
+            if not steps:
+                continue
+            if spec["problem"] not in problems:
+                problems[spec["problem"]] = paper.problem(spec["problem"])
+            rec = {k: spec[k] for k in ("table", "problem", "solver", "cycle", "alpha_b", "alpha_max")}
+            rec.update(steps=steps, iterations=[], converged=[], rho=[], potential_speedup=[])
+            rec.update(paper=None if spec["paper"] is None else list(spec["paper"][: len(steps)]))
+            rec.update(levels=[], residuals=[], seconds=[], double_phi=double_phi)
+            for n in steps:
+                t0 = time.perf_counter()
+                result = paper.solve_paper(
+                    problems[spec["problem"]],
+                    n,
+                    spec["solver"],
+                    cycle=spec["cycle"],
+                    alpha_b=spec["alpha_b"],
+                    alpha_max=spec["alpha_max"],
+                    double_phi=double_phi,
+                    max_iter=max_iter,
+                )
+                rec["iterations"].append(result.iterations)
+                rec["converged"].append(bool(result.converged))
+                rec["rho"].append(_finite_or_none(result.rho))
+                rec["potential_speedup"].append(_finite_or_none(result.potential_speedup))
+                rec["levels"].append(len(result.levels))
+                rec["residuals"].append([_finite_or_none(r) for r in result.residuals])
+                rec["seconds"].append(time.perf_counter() - t0)
+                say(f"table {spec['table']} N={n}: {result.iterations} iterations ({rec['seconds'][-1]:.1f} s)")
+            records.append(rec)
     return records
 
 
@@ -127,6 +124,11 @@ def format_paper_tables(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _floats(values) -> np.ndarray:
+    """The record's numbers with ``None`` (not finite) as NaN."""
+    return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
 def write_paper_zarr(records: list[dict], path: Path) -> Path:
     """The tables as one zarr store, a group ``table<k>`` each (an xarray Dataset over ``steps``)."""
     path = Path(path)
@@ -134,8 +136,7 @@ def write_paper_zarr(records: list[dict], path: Path) -> Path:
         width = max((len(r) for r in rec["residuals"]), default=0)
         residuals = np.full((len(rec["steps"]), width), np.nan)
         for i, history in enumerate(rec["residuals"]):
-            residuals[i, : len(history)] = [np.nan if r is None else r for r in history]
-        nan = [np.nan if v is None else v for v in rec["rho"]]
+            residuals[i, : len(history)] = _floats(history)
         ds = xr.Dataset(
             {
                 "iterations": (
@@ -144,10 +145,10 @@ def write_paper_zarr(records: list[dict], path: Path) -> Path:
                     {"long_name": "MGRIT iterations"},
                 ),
                 "converged": ("steps", np.asarray(rec["converged"], dtype=bool)),
-                "rho": ("steps", np.asarray(nan, dtype=np.float64), {"long_name": "convergence factor"}),
+                "rho": ("steps", _floats(rec["rho"]), {"long_name": "convergence factor"}),
                 "potential_speedup": (
                     "steps",
-                    np.asarray([np.nan if v is None else v for v in rec["potential_speedup"]], dtype=np.float64),
+                    _floats(rec["potential_speedup"]),
                     {"long_name": "potential speedup (paper's eqs. 16-17)"},
                 ),
                 "levels": ("steps", np.asarray(rec["levels"], dtype=np.int64)),
@@ -223,11 +224,6 @@ class PaperConfig:
         return cls(max_steps, tables, double_phi)
 
 
-def run(client, config: PaperConfig, *, say=lambda msg: None) -> list[dict]:
-    """The tables' records (in this process: ``client`` is unused, the problems are tiny)."""
-    return paper_tables(max_steps=config.max_steps, tables=config.tables, double_phi=config.double_phi, say=say)
-
-
 def paper_main(opts: dict, *, echo=print) -> dict:
     """``daskann bench mgrit --paper``: run the tables, ``echo`` them, write JSON, zarr and the two figures."""
     config = PaperConfig.from_options(**opts)
@@ -238,7 +234,7 @@ def paper_main(opts: dict, *, echo=print) -> dict:
     output = Path(opts["output"])
     output.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    records = run(None, config, say=say)
+    records = paper_tables(max_steps=config.max_steps, tables=config.tables, double_phi=config.double_phi, say=say)
     document = paper_json(records)
     write_json(document, output / PAPER_JSON)
     write_paper_zarr(records, output / "bench-mgrit-paper.zarr")
@@ -256,6 +252,5 @@ __all__ = [
     "paper_main",
     "paper_tables",
     "plot_paper_figures",
-    "run",
     "write_paper_zarr",
 ]
