@@ -128,7 +128,7 @@ class BenchConfig:
     def from_options(cls, **opts) -> BenchConfig:
         """The configuration ``daskann bench npt`` runs: its options checked, ``--steps`` and ``--quick`` applied."""
         grids, large_grids = _grids("grids", opts["grids"]), _grids("large_grids", opts["large_grids"])
-        nets, modes = _net_names(opts["nets"]), _modes(opts["modes"])
+        nets, modes = _subset("nets", opts["nets"], PAPER_NETS), _subset("modes", opts["modes"], MODES)
         widths = [check_int("widths", int(w)) for w in opts["widths"].split(",") if w.strip()] if opts["widths"] else []
         config = cls(
             nets=nets,
@@ -182,25 +182,18 @@ def _grids(flag: str, text: str) -> list[str]:
     return grids
 
 
-def _net_names(text: str) -> list[str]:
-    nets = _names(text)
-    for n in nets:
-        if n not in PAPER_NETS:
-            raise invalid("nets", n, "a comma-separated subset of " + ", ".join(PAPER_NETS))
-    return nets
+def _subset(flag: str, text: str, allowed) -> list[str]:
+    """The comma-separated names of ``text``, each one of ``allowed``."""
+    names = _names(text)
+    for name in names:
+        if name not in allowed:
+            raise invalid(flag, name, "a comma-separated subset of " + ", ".join(allowed))
+    return names
 
 
 #: graph mode with each pipeline it can be told to use, beside the one it picks
 PIPELINE_MODES = tuple(f"graph-{p}" for p in CHAINS)
 MODES = ("graph", *PIPELINE_MODES, "resident", "dask", "auto")
-
-
-def _modes(text: str) -> list[str]:
-    modes = _names(text)
-    for m in modes:
-        if m not in MODES:
-            raise invalid("modes", m, "a comma-separated subset of " + ", ".join(MODES))
-    return modes
 
 
 def _graph_modes(config: BenchConfig) -> list[str]:
