@@ -86,20 +86,13 @@ def auto_levels(n_steps: int, cfactor: int, coarsest: int) -> int:
 
 
 def _configs(presets, cycles, preset) -> list[tuple[str, str, dict]]:
-    configs, seen = [], set()
-    for name in presets:
-        options = resolve_preset(name)
-        key = json.dumps(options, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            configs.append((name, name, options))
-    for cycle in cycles:
-        options = resolve_preset(preset, cycle_type=cycle)
-        key = json.dumps(options, sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            configs.append((f"{preset}/{cycle}-cycle", preset, options))
-    return configs
+    """``(label, preset, options)`` of each preset, then of ``preset`` with each cycle; repeated options once."""
+    candidates = [(name, name, resolve_preset(name)) for name in presets]
+    candidates += [(f"{preset}/{cycle}-cycle", preset, resolve_preset(preset, cycle_type=cycle)) for cycle in cycles]
+    unique: dict = {}
+    for label, name, options in candidates:
+        unique.setdefault(json.dumps(options, sort_keys=True), (label, name, options))
+    return list(unique.values())
 
 
 def _propagator(problem: dict, options: dict) -> tuple:
