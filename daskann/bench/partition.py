@@ -382,9 +382,9 @@ def _one_seed(config: BenchmarkConfig, data, client, seed: int, say) -> list[dic
             runs.append(record)
             say(_line(record))
 
-    add(_full(s))
+    add(_serial(s))
     for k in config.ks:
-        alone = _alone(s, k) if config.sub_steps < config.steps else None
+        alone = _serial(s, k) if config.sub_steps < config.steps else None
         if alone is not None:
             add(alone)
         par, record = _parallel(s, k)
@@ -398,45 +398,20 @@ def _one_seed(config: BenchmarkConfig, data, client, seed: int, say) -> list[dic
     return runs
 
 
-def _full(s: _Seed) -> dict:
-    """The full network from scratch, serially."""
+def _serial(s: _Seed, k: int = 1) -> dict:
+    """The full network from scratch, serially; with ``k``, the widest sub-model of the split alone as long."""
     c = s.config
-    full = SerialTrainer(c.hidden, **s.common)
-    wall, cpu = _timed_fit(full, s.data.X_train, s.data.y_train, steps=c.steps, **s.evaluated)
-    t, a = _curve(full.history_)
-    return _record(
-        t,
-        a,
-        c.target,
-        variant="full",
-        k=1,
-        seed=s.seed,
-        steps=c.steps,
-        seconds=wall,
-        cpu_seconds=cpu,
-        cpu_scale=cpu / wall,
-    )
-
-
-def _alone(s: _Seed, k: int) -> dict:
-    """The widest sub-model of the split, trained alone as long as the full network."""
-    c = s.config
-    narrow = tuple(-(-h // k) for h in c.hidden)
-    alone = SerialTrainer(narrow, **s.common)
-    wall, cpu = _timed_fit(alone, s.data.X_train, s.data.y_train, steps=c.steps, **s.evaluated)
-    t, a = _curve(alone.history_)
-    return _record(
-        t,
-        a,
-        c.target,
-        variant=f"alone-{k}",
-        k=k,
-        seed=s.seed,
-        steps=c.steps,
-        hidden=narrow,
-        seconds=wall,
-        cpu_seconds=cpu,
-    )
+    hidden = tuple(-(-h // k) for h in c.hidden)
+    trainer = SerialTrainer(hidden, **s.common)
+    wall, cpu = _timed_fit(trainer, s.data.X_train, s.data.y_train, steps=c.steps, **s.evaluated)
+    t, a = _curve(trainer.history_)
+    fields = {"variant": "full" if k == 1 else f"alone-{k}", "k": k, "seed": s.seed, "steps": c.steps}
+    if k > 1:
+        fields["hidden"] = hidden
+    record = _record(t, a, c.target, **fields, seconds=wall, cpu_seconds=cpu)
+    if k == 1:
+        record["cpu_scale"] = cpu / wall
+    return record
 
 
 def _parallel(s: _Seed, k: int):
