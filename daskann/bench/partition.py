@@ -552,57 +552,46 @@ def _median(values):
     return None if not np.isfinite(m) else m
 
 
+def _ratio(base, own) -> float | None:
+    return None if base is None or own is None else base / own
+
+
+def _median_of(rows: list[dict], key: str) -> float:
+    return float(np.median([r[key] for r in rows]))
+
+
 def summarize_runs(runs: list[dict], config: BenchmarkConfig) -> dict:
     """Medians per variant: time to target, speedup over ``full`` (per seed), accuracies."""
     full = {r["seed"]: r for r in runs if r["variant"] == "full"}
-    variants = []
-    for r in runs:
-        if r["variant"] not in variants:
-            variants.append(r["variant"])
     summary = {}
-    for name in variants:
+    for name in dict.fromkeys(r["variant"] for r in runs):
         rows = [r for r in runs if r["variant"] == name]
-        speedups = []
-        for r in rows:
-            base = full[r["seed"]]["time_to_target"]
-            own = r["time_to_target"]
-            speedups.append(None if base is None or own is None else base / own)
-        reached = [r["time_to_target"] is not None for r in rows]
+        speedups = [_ratio(full[r["seed"]]["time_to_target"], r["time_to_target"]) for r in rows]
         finite = [s for s in speedups if s is not None]
-        cpu_speedups = []
-        for r in rows:
-            base, own = full[r["seed"]].get("cpu_time_to_target"), r.get("cpu_time_to_target")
-            cpu_speedups.append(None if base is None or own is None else base / own)
-        summary[name] = {
+        cpu_speedups = [_ratio(full[r["seed"]].get("cpu_time_to_target"), r.get("cpu_time_to_target")) for r in rows]
+        entry = summary[name] = {
             "seeds": len({r["seed"] for r in rows}),
             "runs": len(rows),
-            "reached_target": int(sum(reached)),
+            "reached_target": sum(r["time_to_target"] is not None for r in rows),
             "median_time_to_target": _median([r["time_to_target"] for r in rows]),
             "median_speedup": float(np.median(finite)) if len(finite) == len(rows) and finite else None,
             "speedups": [None if s is None else round(s, 3) for s in speedups],
-            "median_cpu_speedup": float(np.median(cpu_speedups))
-            if cpu_speedups and all(c is not None for c in cpu_speedups)
-            else None,
+            "median_cpu_speedup": float(np.median(cpu_speedups)) if cpu_speedups and None not in cpu_speedups else None,
             "cpu_speedups": [None if c is None else round(c, 3) for c in cpu_speedups],
-            "median_final_accuracy": float(np.median([r["final_accuracy"] for r in rows])),
-            "median_best_accuracy": float(np.median([r["best_accuracy"] for r in rows])),
-            "median_seconds": float(np.median([r["seconds"] for r in rows])),
+            "median_final_accuracy": _median_of(rows, "final_accuracy"),
+            "median_best_accuracy": _median_of(rows, "best_accuracy"),
+            "median_seconds": _median_of(rows, "seconds"),
         }
         if name != "full":
             diffs = [100 * (r["final_accuracy"] - full[r["seed"]]["final_accuracy"]) for r in rows]
-            summary[name]["median_final_accuracy_diff_points"] = float(np.median(diffs))
+            entry["median_final_accuracy_diff_points"] = float(np.median(diffs))
+        if name.startswith(("parallel", "sequential")):
+            entry["median_seconds_submodels"] = _median_of(rows, "seconds_submodels")
         if name.startswith("parallel"):
-            summary[name]["median_seconds_submodels"] = float(np.median([r["seconds_submodels"] for r in rows]))
-            summary[name]["median_merged_accuracy"] = float(np.median([r["merged_accuracy"] for r in rows]))
-            summary[name]["median_diversity_representation"] = float(
-                np.median([r["diversity"]["representation"] for r in rows])
-            )
-            summary[name]["median_diversity_disagreement"] = float(
-                np.median([r["diversity"]["disagreement"] for r in rows])
-            )
-            summary[name]["median_overlap_seconds"] = float(np.median([r["overlap"] for r in rows]))
-        if name.startswith("sequential"):
-            summary[name]["median_seconds_submodels"] = float(np.median([r["seconds_submodels"] for r in rows]))
+            entry["median_merged_accuracy"] = _median_of(rows, "merged_accuracy")
+            for key in ("representation", "disagreement"):
+                entry[f"median_diversity_{key}"] = float(np.median([r["diversity"][key] for r in rows]))
+            entry["median_overlap_seconds"] = _median_of(rows, "overlap")
     return summary
 
 
