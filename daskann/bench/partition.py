@@ -135,26 +135,18 @@ class BenchmarkConfig:
     @classmethod
     def from_options(cls, **opts) -> BenchmarkConfig:
         """Build from the ``daskann bench partition`` options."""
-        hidden = opts.get("hidden")
-        ks = opts.get("ks")
+        hidden, ks = opts.get("hidden"), opts.get("ks")
+        # the options named as the configuration's fields, None where not given
+        same = ("n_samples", "seeds", "target", "steps", "sub_steps", "finetune_steps", "lr", "momentum")
+        same += ("batch_size", "eval_every", "combine")
         return cls.preset(
             opts.get("dataset"),
             model=opts.get("model"),
             data_path=None if opts.get("data_path") is None else str(opts["data_path"]),
-            n_samples=opts.get("n_samples"),
             hidden=None if hidden is None else _int_tuple("hidden", hidden),
             ks=None if ks is None else _int_tuple("k", ks),
-            seeds=opts.get("seeds"),
-            target=opts.get("target"),
-            steps=opts.get("steps"),
-            sub_steps=opts.get("sub_steps"),
-            finetune_steps=opts.get("finetune_steps"),
-            lr=opts.get("lr"),
-            momentum=opts.get("momentum"),
-            batch_size=opts.get("batch_size"),
-            eval_every=opts.get("eval_every"),
-            combine=opts.get("combine"),
             noise=opts.get("merge_noise"),
+            **{k: opts.get(k) for k in same},
         )
 
     def validated(self) -> BenchmarkConfig:
