@@ -10,19 +10,14 @@ from daskann.npt.costmodel import PAPER_NETS
 def checks(table: list[dict], plans: dict, pairs: dict | None = None) -> dict:
     """The issue's benchmark targets, from this run's table."""
     rows = {(r["net"], r["grid"], r["mode"]): r for r in table}
-    checks = {}
-    large = _check_large(table, rows)
-    if large:
-        checks["large_graph_vs_peer"] = large
-    bound = _check_bound(table)
-    if bound:
-        checks["large_bound"] = bound
-    single = _check_single_worker(rows, pairs or {})
-    if single:
-        checks["resident_1x1_vs_serial"] = single
-    checks.update(_check_resident(table, rows))
-    widths = _check_widths(table)
-    if widths:
+    found = {
+        "large_graph_vs_peer": _check_large(table, rows),
+        "large_bound": _check_bound(table),
+        "resident_1x1_vs_serial": _check_single_worker(rows, pairs or {}),
+    }
+    checks = {name: check for name, check in found.items() if check}  # those this run's rows allow
+    checks.update(_check_resident(table, rows))  # both of its entries, even an empty resident_vs_serial
+    if widths := _check_widths(table):
         checks["resident_beats_serial_width"] = widths
     checks["grid_auto"] = {net: a for net, plan in plans.items() if (a := _check_auto(table, rows, net, plan))}
     return checks
