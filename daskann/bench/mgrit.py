@@ -122,7 +122,8 @@ def _trainer_settings(problem: dict) -> dict:
     return {**{k: problem[k] for k in keys}, "sgd": {"momentum": problem["momentum"]}}
 
 
-def _relative_error(params, reference) -> float:
+def relative_error(params, reference) -> float:
+    """``||params - reference|| / ||reference||`` over all the arrays of both, flattened together."""
     got = np.concatenate([p.ravel() for p in params])
     ref = np.concatenate([p.ravel() for p in reference])
     return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
@@ -152,7 +153,7 @@ def run_study(problem: dict, n_steps: int, options: dict, *, levels: int, worker
         status=result.status,
         iterations=result.iterations,
         residuals=result.residuals,
-        error=_relative_error(result.state[: len(result.state) // 2], serial.model_.params),
+        error=relative_error(result.state[: len(result.state) // 2], serial.model_.params),
         speedup_unlimited=result.speedup(),
         speedup_workers=result.speedup(workers),
         work_ratio=float(sum(result.work) / n_steps),
@@ -195,7 +196,7 @@ def wall_clock(problem: dict, n_steps: int, options: dict, *, levels: int, repea
         "mgrit_seconds": med["mgrit"],
         "serial_seconds": med["serial"],
         "speedup": med["serial"] / med["mgrit"],
-        "error": _relative_error(trainer.model_.params, serial.model_.params),
+        "error": relative_error(trainer.model_.params, serial.model_.params),
         "workers": workers,
         "work_units": work,
         "serial_step_seconds": serial_step,
@@ -517,6 +518,7 @@ __all__ = [
     "best_preset",
     "format_table",
     "plot",
+    "relative_error",
     "run",
     "run_study",
     "wall_clock",

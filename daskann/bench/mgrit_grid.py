@@ -19,9 +19,9 @@ import warnings
 from pathlib import Path
 
 import dask
-import numpy as np
 
 from daskann._json import json_default, write_json
+from daskann.bench.mgrit import relative_error
 from daskann.data import load_dataset, make_linear
 from daskann.exceptions import MGRITDidNotPay
 from daskann.mgrit.trainer import MGRITTrainer
@@ -48,10 +48,6 @@ def problem(name: str) -> dict:
     }
 
 
-def _flat(model) -> np.ndarray:
-    return np.concatenate([p.ravel() for p in model.params])
-
-
 def run_cell(data: dict, preset: str, lr: float, momentum: float, steps: int, **solver) -> dict:
     """One adaptive MGRIT fit against serial training: the grid's row."""
     settings = {k: data[k] for k in ("activation", "loss", "batch_size")}
@@ -67,7 +63,6 @@ def run_cell(data: dict, preset: str, lr: float, momentum: float, steps: int, **
         trainer.fit(data["X"], data["y"], steps=steps)
     seconds = time.perf_counter() - start
     result = trainer.result_
-    ref = _flat(serial.model_)
     path = sum(a.critical_path for a in result.adaptations)
     return {
         "preset": preset,
@@ -78,7 +73,7 @@ def run_cell(data: dict, preset: str, lr: float, momentum: float, steps: int, **
         "iterations": result.iterations,
         "adaptations": len(result.adaptations) - 1,
         "attempts": [f"{a.change or 'as configured'}: {a.outcome}" for a in result.adaptations],
-        "error": float(np.linalg.norm(_flat(trainer.model_) - ref) / np.linalg.norm(ref)),
+        "error": relative_error(trainer.model_.params, serial.model_.params),
         "speedup_work_model": steps / path if path else math.nan,
         "potential_speedup": float(result.potential_speedup),
         "seconds": seconds,
