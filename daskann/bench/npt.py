@@ -367,7 +367,10 @@ class _Sweep:
 
     def plan(self, cost, net: _Net) -> dict:
         """The grid and mode ``grid="auto"`` takes for ``net``, kept for the report."""
-        self.plans[net.name] = _auto_choice(cost, net.sizes, net.batch, self.n_workers, self.config.dtype)
+        shape, mode, table = costmodel.choose_grid(
+            cost, net.sizes, net.batch, n_workers=self.n_workers, itemsize=np.dtype(self.config.dtype).itemsize
+        )
+        self.plans[net.name] = {"grid": f"{shape[0]}x{shape[1]}", "mode": mode, "table": table}
         return self.plans[net.name]
 
 
@@ -541,13 +544,6 @@ def _kwargs(sizes, batch, config: BenchConfig) -> dict:
         "network": {"dtype": config.dtype},
         "sgd": {"momentum": 0.9},
     }
-
-
-def _auto_choice(cost, sizes, batch, n_workers, dtype) -> dict:
-    shape, mode, table = costmodel.choose_grid(
-        cost, sizes, batch, n_workers=n_workers, itemsize=np.dtype(dtype).itemsize
-    )
-    return {"grid": f"{shape[0]}x{shape[1]}", "mode": mode, "table": table}
 
 
 def _derive(table: list[dict], hardware: dict | None = None) -> None:

@@ -113,9 +113,7 @@ class DaskArrayPeer:
         L = len(W)
         values = self.client.gather(self.client.compute([*W, *b, *vW, *vb]))
         weights, biases, vW, vb = values[:L], values[L : 2 * L], values[2 * L : 3 * L], values[3 * L :]
-        velocity = []
-        for layer in range(L):
-            velocity += [np.asarray(vW[layer]), np.asarray(vb[layer])]
+        velocity = [np.asarray(v) for pair in zip(vW, vb, strict=True) for v in pair]
         trained = MLP.from_arrays(
             [np.asarray(w) for w in weights],
             [np.asarray(v) for v in biases],

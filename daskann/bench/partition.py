@@ -344,13 +344,9 @@ class _Seed:
         )
 
     @property
-    def val(self) -> tuple:
-        return self.data.X_val, self.data.y_val
-
-    @property
     def evaluated(self) -> dict:
         """``fit``'s validation keywords: every variant validates every ``eval_every`` steps."""
-        return {"validation_data": self.val, "eval_every": self.config.eval_every}
+        return {"validation_data": (self.data.X_val, self.data.y_val), "eval_every": self.config.eval_every}
 
     def partition(self, k: int, mode: str):
         c = self.config
