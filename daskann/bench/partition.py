@@ -686,18 +686,28 @@ def _plot_panel(ax, report: dict, k: int) -> None:
     ax.legend(fontsize=7, loc="lower right")
 
 
-def _format_header(report: dict) -> list[str]:
-    """The settings, the data and network, and the machine, a line each."""
+def _times(speedup) -> str:
+    return "-" if speedup is None else f"{speedup:.2f}x"
+
+
+def format_report(report: dict) -> str:
+    """The table of medians, with the run's settings, machine and acceptance, and the per-seed table, as text."""
     lines = []
     echo = lines.append
-    m = report["machine"]
-    c = report["config"]
+    c, m = report["config"], report["machine"]
     echo(
         f"partition benchmark: {c['dataset']} {'-'.join(map(str, c['hidden']))}, target accuracy {c['target']:g}, "
         f"{c['seeds']} seeds, full {c['steps']} steps, sub-models {c['sub_steps']} + fine-tune "
         f"{c['finetune_steps']} steps, lr {c['lr']:g}, momentum {c['momentum']:g}, batch {c['batch_size']}, "
         f"combine {c['combine']}, noise {c['noise']:g}"
     )
+    if "data" in report:
+        data, model = report["data"], report["model"]
+        name = f"model {model['name']}: " if model["name"] else "network "
+        echo(
+            f"{name}{'-'.join(map(str, model['sizes']))}, {model['parameters']:,d} parameters; data "
+            f"{data['dataset']}: {data['description']} ({data['n_train']} training, {data['n_val']} validation rows)"
+        )
     blas = (m.get("client_blas") or [{}])[0]
     echo(
         f"machine: {m.get('cpu_model', m['processor'])}, {m['cpu_count']} cores, {m.get('workers')} workers x "
@@ -705,25 +715,6 @@ def _format_header(report: dict) -> list[str]:
         f"({blas.get('architecture')}), 1 BLAS thread per process; load average {m['load_average_before']} -> "
         f"{m['load_average_after']}"
     )
-    return lines
-
-
-def _format_data(report: dict) -> str:
-    data, model = report["data"], report["model"]
-    name = f"model {model['name']}: " if model["name"] else "network "
-    return (
-        f"{name}{'-'.join(map(str, model['sizes']))}, {model['parameters']:,d} parameters; "
-        f"data {data['dataset']}: {data['description']} ({data['n_train']} training, {data['n_val']} validation rows)"
-    )
-
-
-def format_report(report: dict) -> str:
-    """The table of medians, with the run's settings, machine and acceptance, and the per-seed table, as text."""
-    lines = _format_header(report)
-    echo = lines.append
-    c = report["config"]
-    if "data" in report:
-        lines.insert(1, _format_data(report))
     header = (
         f"{'variant':>14s} {'reached':>8s} {'median ttt (s)':>15s} {'median speedup':>15s} "
         f"{'CPU-time speedup':>17s} {'final acc':>10s} {'vs full (pts)':>14s}"
@@ -731,21 +722,18 @@ def format_report(report: dict) -> str:
     echo(header)
     for name, s in report["summary"].items():
         ttt = s["median_time_to_target"]
-        sp = s["median_speedup"]
-        cpu = s.get("median_cpu_speedup")
         diff = s.get("median_final_accuracy_diff_points")
         echo(
             f"{name:>14s} {s['reached_target']:>4d}/{s['runs']:<3d} "
-            f"{'-' if ttt is None else f'{ttt:.2f}':>15s} {'-' if sp is None else f'{sp:.2f}x':>15s} "
-            f"{'-' if cpu is None else f'{cpu:.2f}x':>17s} "
+            f"{'-' if ttt is None else f'{ttt:.2f}':>15s} {_times(s['median_speedup']):>15s} "
+            f"{_times(s.get('median_cpu_speedup')):>17s} "
             f"{s['median_final_accuracy']:>10.4f} {'' if diff is None else f'{diff:+.2f}':>14s}"
         )
     acc = report["acceptance"]
     if "met" in acc:
-        fmt = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
         echo(
-            f"k=2 parallel: median speedup {fmt(acc['parallel-2_median_speedup'])} (CPU time: "
-            f"{fmt(acc['parallel-2_median_cpu_speedup'])}), final accuracy "
+            f"k=2 parallel: median speedup {_times(acc['parallel-2_median_speedup'])} (CPU time: "
+            f"{_times(acc['parallel-2_median_cpu_speedup'])}), final accuracy "
             f"{acc['parallel-2_final_accuracy_diff_points']:+.2f} points vs full; acceptance "
             f"{'met' if acc['met'] else 'NOT met'}"
         )
