@@ -19,7 +19,7 @@ import numpy as np
 from daskann._blas import one_blas_thread
 from daskann.exceptions import TrainingDiverged
 from daskann.mgrit import workmodel
-from daskann.mgrit._run import SERIES, IterationRecord, series
+from daskann.mgrit._run import IterationRecord, series
 from daskann.mgrit.solver import MGRITResult
 
 #: iterations over which the residual must fall by ``STALL_FACTOR`` (or be on course for ``tol``)
@@ -165,18 +165,12 @@ def finish_serially(prop, layout, start: int, vector: np.ndarray, n_steps: int, 
     return tuple(np.array(a) for a in layout.unpack(vector)), velocity
 
 
-def result_records(result: MGRITResult) -> list[IterationRecord]:
-    """The iterations of a result as records."""
-    columns = [getattr(result, key) for key in SERIES]
-    return [IterationRecord(**dict(zip(SERIES.values(), row, strict=True))) for row in zip(*columns, strict=True)]
-
-
 def combined_paper_speedup(result: MGRITResult, hierarchy, serial_steps: float) -> float:
     """The paper's potential speedup over every attempt, the serial finish counted at one unit a step."""
-    paper = getattr(workmodel, "paper_speedup", None)
-    if paper is None or result.iterations == 0:
+    if result.iterations == 0:
         return result.n_steps / serial_steps if serial_steps else math.nan
-    sigma = result.n_steps / paper(result.n_steps, result.iterations, hierarchy.n_levels, result.cycle_type)
+    paper = workmodel.paper_speedup(result.n_steps, result.iterations, hierarchy.n_levels, result.cycle_type)
+    sigma = result.n_steps / paper
     return result.n_steps / (sigma + serial_steps)
 
 
@@ -206,7 +200,6 @@ __all__ = [
     "initial_guess",
     "next_change",
     "records_cost",
-    "result_records",
     "stalled",
     "trusted_start",
 ]

@@ -67,11 +67,10 @@ def series(records: Sequence[IterationRecord]) -> dict[str, list]:
     return {key: [getattr(r, name) for r in records] for key, name in SERIES.items()}
 
 
-def records_from_progress(progress: dict) -> list[IterationRecord]:
-    """The committed iterations of a progress record (a resumed run's history)."""
-    n = progress.get("iteration", 0)
-    columns = [progress.get(key, [])[:n] for key in SERIES]
-    return [IterationRecord(**dict(zip(SERIES.values(), row, strict=True))) for row in zip(*columns, strict=True)]
+def records(columns) -> list[IterationRecord]:
+    """Records from their lists by :data:`SERIES` name (a progress record, or ``vars()`` of an MGRITResult)."""
+    rows = zip(*(columns[key] for key in SERIES), strict=True)
+    return [IterationRecord(**dict(zip(SERIES.values(), row, strict=True))) for row in rows]
 
 
 class _LightTask:
@@ -120,7 +119,8 @@ class SolveRun:
         self.progress = progress  # the last committed record, as written to the store
         self.status = progress.get("status", "new")
         self.iteration = progress.get("iteration", 0)
-        self.records = records_from_progress(progress)
+        # the committed iterations (a resumed run's history)
+        self.records = records({key: progress.get(key, [])[: self.iteration] for key in SERIES})
         self.first_own = len(self.records)  # records before this index are a resumed run's
         self.norms: list[float] = []
         self.graphs: list = []  # work-model graphs of the iterations run by this call

@@ -29,7 +29,7 @@ from daskann._validation import Activation, Loss, MGRITScheduler, check_choice, 
 from daskann.cluster import check_worker_memory, current_sync_client, shared_directory, worker_addresses
 from daskann.data import BatchOrder
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
-from daskann.mgrit import _adapt, _payoff
+from daskann.mgrit import _adapt, _payoff, _run
 from daskann.mgrit._levels import check_hierarchy
 from daskann.mgrit.presets import SolverConfig, resolve_preset
 from daskann.mgrit.problem import StateLayout
@@ -672,7 +672,7 @@ class MGRITTrainer(BaseTrainer):
             t0 = time.perf_counter()
             try:
                 result = self._solve(run, solver)
-                new = _adapt.result_records(result)
+                new = _run.records(vars(result))
                 outcome, reason, template = ("converged" if result.converged else "max_iter"), result.status, result
                 if result.status == "stopped":  # the pay check: no further attempt
                     outcome, reason = "stopped", run.stopped
