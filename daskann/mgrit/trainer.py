@@ -30,7 +30,7 @@ from daskann.cluster import check_worker_memory, current_sync_client, shared_dir
 from daskann.data import BatchOrder
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
 from daskann.mgrit import _adapt, _payoff, _run
-from daskann.mgrit._levels import check_hierarchy
+from daskann.mgrit._levels import Hierarchy, check_hierarchy
 from daskann.mgrit.presets import SolverConfig, resolve_preset
 from daskann.mgrit.problem import StateLayout
 from daskann.mgrit.propagators import SGDPropagator
@@ -85,6 +85,33 @@ class _FitRun:
     @property
     def scheduler(self) -> str:
         return self.engine["scheduler"]
+
+    @property
+    def n_steps(self) -> int:
+        """Steps the solve takes: the fit's, after those the start state holds."""
+        return self.total - self.done
+
+    @property
+    def hierarchy(self) -> Hierarchy:
+        """The time grids of the fit's own solver options."""
+        return check_hierarchy(self.n_steps, self.options["levels"], self.options["cfactor"])
+
+    @property
+    def layout(self) -> StateLayout:
+        """How the solve's state packs into a flat vector."""
+        return StateLayout.from_state(self.u0)
+
+
+@dataclass
+class _Attempts:
+    """What an adaptive fit's attempts gave so far: what its one result is made of."""
+
+    started: float  # perf_counter() when the first attempt began
+    hierarchy: Hierarchy | None = None  # the time grids of the last attempt
+    template: MGRITResult | None = None  # the last result an attempt returned (the fields the attempts share)
+    records: list = field(default_factory=list)  # every attempt's iterations
+    adaptations: list = field(default_factory=list)  # one _adapt.Adaptation per attempt, and the serial finish
+    kept: tuple | None = None  # the last iterate an attempt kept: its C-point rows and their residuals
 
 
 class MGRITSolverOptions(OptionGroup):
@@ -406,7 +433,7 @@ class MGRITTrainer(BaseTrainer):
         step = _payoff.step_seconds(run.prop, run.model)
         return _payoff.forecast(
             run.options,
-            run.total - run.done,
+            run.n_steps,
             self._forecast_workers(run.scheduler),
             step,
             scheduler=run.scheduler,
@@ -434,9 +461,8 @@ class MGRITTrainer(BaseTrainer):
 
     def _train_serially(self, run: _FitRun) -> MGRITResult:
         """Serial training in MGRIT's stead, where it was predicted not to pay: the fit's steps from its start."""
-        hierarchy = check_hierarchy(run.total - run.done, run.options["levels"], run.options["cfactor"])
         run.t0 = time.perf_counter()
-        result = self._serial_finish(run, None, [], [], None, hierarchy, run.t0, "serial-predicted")
+        result = self._serial_finish(run, _Attempts(run.t0, run.hierarchy), "serial-predicted")
         # the history's one row, iteration 0: no MGRIT iteration ran; the final weights' error and validation
         run.history.append(0, **self._history_row(run, math.nan, 0, result.state))
         return result
@@ -544,7 +570,7 @@ class MGRITTrainer(BaseTrainer):
             budget = options["max_iter"]
         run.prop = self._propagator(run, options)
         u0 = run.u0 = run.prop.initial_state(run.model, run.velocity)
-        run_id = _run_id(run.prop.get_config(), options, u0, run.total - run.done)
+        run_id = _run_id(run.prop.get_config(), options, u0, run.n_steps)
         if first:
             run.store, run.scratch, run.scratch_dir = self._store_path(run_id, run.engine["store"], run.shared)
         inprocess = run.scheduler == "inprocess"
@@ -556,7 +582,7 @@ class MGRITTrainer(BaseTrainer):
         return MGRIT.from_config(
             run.prop,
             u0,
-            run.total - run.done,
+            run.n_steps,
             config,
             initial_cpoints=initial,
             stall=None if budget is None else _adapt.stalled,  # with a budget a stalled attempt fails early
@@ -625,7 +651,7 @@ class MGRITTrainer(BaseTrainer):
         run.pilot_residuals.append(info.residual)
         if info.iteration != _payoff.MIN_ITERATIONS:
             return
-        hierarchy = check_hierarchy(run.total - run.done, run.options["levels"], run.options["cfactor"])
+        hierarchy = run.hierarchy
         # FCF relaxation makes two more C-points exact each iteration: no solve takes longer than that
         most = (
             math.ceil(hierarchy.n_intervals(0) / 2) if _first(run.options["cf_iter"]) > 0 else hierarchy.n_intervals(0)
@@ -662,18 +688,16 @@ class MGRITTrainer(BaseTrainer):
     def _solve_adaptive(self, run: _FitRun, solver: MGRIT) -> MGRITResult:
         """Attempts along the adaptation ladder, then the serial finish: a result holding serial's weights."""
         budget = run.options["max_iter"]
-        options, change, kept, template = dict(run.options), "", None, None
-        records: list = []
-        adaptations: list[_adapt.Adaptation] = []
-        t_start = time.perf_counter()
+        options, change = dict(run.options), ""
+        done = _Attempts(time.perf_counter())
         while True:
-            opt = solver.check()
-            hierarchy = opt["hierarchy"]
+            done.hierarchy = hierarchy = solver.check()["hierarchy"]
             t0 = time.perf_counter()
             try:
                 result = self._solve(run, solver)
                 new = _run.records(vars(result))
-                outcome, reason, template = ("converged" if result.converged else "max_iter"), result.status, result
+                outcome, reason = ("converged" if result.converged else "max_iter"), result.status
+                done.template = result
                 if result.status == "stopped":  # the pay check: no further attempt
                     outcome, reason = "stopped", run.stopped
             except MGRITDiverged as exc:
@@ -682,10 +706,10 @@ class MGRITTrainer(BaseTrainer):
                 outcome = "stalled" if stalled else "diverged"
                 reason = exc.what if stalled else f"{exc.what} on level {exc.level} at fine step {exc.step}"
                 reason += f" (iteration {exc.iteration})"
-            kept = solver.last_iterate_ or kept
-            records += new
+            done.kept = solver.last_iterate_ or done.kept
+            done.records += new
             work, path = _adapt.records_cost(new)
-            adaptations.append(
+            done.adaptations.append(
                 _adapt.Adaptation(
                     run.attempt,
                     change,
@@ -700,11 +724,11 @@ class MGRITTrainer(BaseTrainer):
             )
             if outcome == "converged":
                 ended = "converged" if run.attempt == 0 else "adapted"
-                return self._combined(run, template, records, adaptations, result.state, ended, t_start, hierarchy)
+                return self._combined(run, done, result.state, ended)
             run.iter_offset += len(new)
             if outcome == "stopped":
                 break
-            left = budget - len(records)
+            left = budget - len(done.records)
             coarse = options["coarse"]
             spans = [hierarchy.span(lvl) for lvl in range(1, hierarchy.n_levels)]
             alpha_max = max((run.prop.alpha(lvl, span) for lvl, span in enumerate(spans, 1)), default=1.0)
@@ -717,57 +741,57 @@ class MGRITTrainer(BaseTrainer):
                 break
             change, options = step
             run.attempt += 1
-            initial = _adapt.initial_guess(kept, StateLayout.from_state(run.u0).pack(run.u0), hierarchy.cfactors[0])
+            initial = _adapt.initial_guess(done.kept, run.layout.pack(run.u0), hierarchy.cfactors[0])
             solver = self._plan_solver(run, options, initial=initial, budget=left)
         predicted = run.policy == "predict" and run.pilot is not None and not run.pilot.pays
         ended = "serial-predicted" if predicted else "serial-fallback"
-        return self._serial_finish(run, template, records, adaptations, kept, hierarchy, t_start, ended)
+        return self._serial_finish(run, done, ended)
 
-    def _serial_finish(self, run, template, records, adaptations, kept, hierarchy, t_start, ended) -> MGRITResult:
+    def _serial_finish(self, run: _FitRun, done: _Attempts, ended: str) -> MGRITResult:
         """Propagate serially from the last point the kept iterate holds exactly."""
         t0 = time.perf_counter()
-        layout = StateLayout.from_state(run.u0)
-        n_steps = run.total - run.done
+        n_steps, cfactors = run.n_steps, done.hierarchy.cfactors
         # a state without velocity finishes with a step, whose gradient is the final velocity
         before = None if run.prop.velocity else n_steps
-        cfactor = hierarchy.cfactors[0] if hierarchy.cfactors else 1  # one level: nothing kept
-        start, vector = _adapt.trusted_start(kept, layout.pack(run.u0), cfactor, before=before)
+        cfactor = cfactors[0] if cfactors else 1  # one level: nothing kept
+        start, vector = _adapt.trusted_start(done.kept, run.layout.pack(run.u0), cfactor, before=before)
         state, run.final_velocity = self._finish(run, start, vector)
-        steps = float(n_steps - start)
-        reason = f"steps {start}..{n_steps} serially"
-        serial = _adapt.Adaptation(run.attempt + 1, "serial", {"start": start}, "serial", reason, 0, steps, steps, 0.0)
-        adaptations.append(dataclasses.replace(serial, seconds=time.perf_counter() - t0))
-        return self._combined(run, template, records, adaptations, state, ended, t_start, hierarchy)
+        steps, reason = float(n_steps - start), f"steps {start}..{n_steps} serially"
+        done.adaptations.append(
+            _adapt.Adaptation(
+                run.attempt + 1, "serial", {"start": start}, "serial", reason, 0, steps, steps, time.perf_counter() - t0
+            )
+        )
+        return self._combined(run, done, state, ended)
 
     @staticmethod
     def _finish(run: _FitRun, start: int, vector) -> tuple:
         """:func:`_adapt.finish_serially` from fine step ``start``: the final state and velocity."""
-        layout, n_steps, prop = StateLayout.from_state(run.u0), run.total - run.done, run.prop
+        layout, n_steps, prop = run.layout, run.n_steps, run.prop
         if is_dask_array(prop.X):  # on a worker, where the propagator's data is read
             args = (prop.without_data(), layout, start, vector, n_steps, run.done, prop.X, prop.y)
             return remote_call(_finish_on_worker, *args)
         return _adapt.finish_serially(prop, layout, start, vector, n_steps, step_offset=run.done)
 
-    def _combined(self, run, template, records, adaptations, state, ended, t_start, hierarchy) -> MGRITResult:
+    def _combined(self, run: _FitRun, done: _Attempts, state, ended: str) -> MGRITResult:
         """One result over every attempt (and the serial finish)."""
-        n_steps = run.total - run.done
-        serial = sum(a.work for a in adaptations if a.outcome == "serial")
+        serial = sum(a.work for a in done.adaptations if a.outcome == "serial")
         solved = ended in ("converged", "adapted")
         fields = {
             "converged": solved,
             "status": "converged" if solved else ended,
             "ended": ended,
-            "adaptations": adaptations,
-            "solve_time": time.perf_counter() - t_start,
+            "adaptations": done.adaptations,
+            "solve_time": time.perf_counter() - done.started,
         }
-        if template is None:  # no attempt returned a result of its own
+        if done.template is None:  # no attempt returned a result of its own
             options = run.options
-            fields.update(setup_time=0.0, n_steps=n_steps, levels=hierarchy.describe(), store=None, run_id="")
+            fields.update(setup_time=0.0, n_steps=run.n_steps, levels=done.hierarchy.describe(), store=None, run_id="")
             fields.update(
                 tol=options["tol"], rtol=options["rtol"], max_iter=options["max_iter"], executor=run.scheduler
             )
-        result = _adapt.combined_result(template, records, state, **fields)
-        result.potential_speedup = _adapt.combined_paper_speedup(result, hierarchy, serial)
+        result = _adapt.combined_result(done.template, done.records, state, **fields)
+        result.potential_speedup = _adapt.combined_paper_speedup(result, done.hierarchy, serial)
         result.forecast = _forecast_record(run)
         return result
 
