@@ -12,10 +12,11 @@ ends with a trailing interval of F-points only (as in pymgrit and XBraid).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
-from daskann._validation import check_int, invalid, option_name
+from daskann._validation import OptionName, check_int, invalid, option_name
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,15 @@ class Hierarchy:
         return [{"level": lvl, "points": self.n_points(lvl), "span": self.span(lvl)} for lvl in range(self.n_levels)]
 
 
+def per_level(name: OptionName, value, n: int, check, *, each: str = "value") -> tuple:
+    """``value`` for each of ``n`` levels, each checked by ``check(name, value)``: one for all, or one per level."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise invalid(name, list(value), f"one {each} per level but the coarsest ({n} values)")
+        return tuple(check(name.at(i), v) for i, v in enumerate(value))
+    return (check(name, value),) * n
+
+
 def check_hierarchy(n_steps, levels, cfactor, *, min_coarse: int = 1, name_of=option_name) -> Hierarchy:
     """Validate the number of steps, levels and coarsening factors.
 
@@ -85,14 +95,7 @@ def check_hierarchy(n_steps, levels, cfactor, *, min_coarse: int = 1, name_of=op
     """
     n_steps = check_int("n_steps", n_steps)
     levels = check_int(name_of("levels"), levels)
-    if isinstance(cfactor, (list, tuple)):
-        if len(cfactor) != levels - 1:
-            raise invalid(
-                name_of("cfactor"), list(cfactor), f"one factor per level but the coarsest ({levels - 1} values)"
-            )
-        factors = tuple(check_int(name_of("cfactor").at(i), c, minimum=2) for i, c in enumerate(cfactor))
-    else:
-        factors = (check_int(name_of("cfactor"), cfactor, minimum=2),) * (levels - 1)
+    factors = per_level(name_of("cfactor"), cfactor, levels - 1, functools.partial(check_int, minimum=2), each="factor")
     hierarchy = Hierarchy(n_steps, factors)
     coarse = hierarchy.n_points(levels - 1)
     if coarse < min_coarse:

@@ -52,7 +52,6 @@ from daskann._dask_input import is_dask_array, remote_call
 from daskann._json import clean_json
 from daskann._validation import (
     CycleType,
-    OptionName,
     check_choice,
     check_float,
     check_int,
@@ -64,7 +63,7 @@ from daskann.cluster import resolve_client, worker_addresses
 from daskann.exceptions import MGRITDiverged, PropagatorError
 from daskann.mgrit import _store, workmodel
 from daskann.mgrit._kernels import Context, StepFailed
-from daskann.mgrit._levels import Hierarchy, check_hierarchy
+from daskann.mgrit._levels import Hierarchy, check_hierarchy, per_level
 from daskann.mgrit._plan import block_sizes
 from daskann.mgrit._run import IterationRecord, SolveRun, series
 from daskann.mgrit.problem import FunctionPropagator, Propagator, StateLayout
@@ -250,14 +249,6 @@ class MGRITResult:
             "adaptations": [a.to_dict() for a in self.adaptations],
             "forecast": self.forecast,
         }
-
-
-def _per_level(name: OptionName, value, n: int, check) -> tuple:
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise invalid(name, list(value), f"one value per level but the coarsest ({n} values)")
-        return tuple(check(name.at(i), v) for i, v in enumerate(value))
-    return (check(name, value),) * n
 
 
 class MGRIT:
@@ -471,8 +462,8 @@ class MGRIT:
 
     def _check_relaxation(self, hierarchy: Hierarchy) -> dict:
         name, n = self._name_of, hierarchy.n_levels - 1
-        cf_iter = _per_level(name("cf_iter"), self.cf_iter, n, lambda k, v: check_int(k, v, minimum=0))
-        weight = _per_level(
+        cf_iter = per_level(name("cf_iter"), self.cf_iter, n, lambda k, v: check_int(k, v, minimum=0))
+        weight = per_level(
             name("weight_c"),
             self.weight_c,
             n,
