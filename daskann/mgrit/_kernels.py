@@ -49,6 +49,7 @@ write one chunk.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import time
@@ -361,27 +362,26 @@ class _Timed:
     def __init__(self, store):
         self.store, self.seconds = store, 0.0
 
-    def read(self, name, index):
+    @contextlib.contextmanager
+    def _clock(self):
         t0 = time.perf_counter()
         try:
-            return self.store.read(name, index)
+            yield
         finally:
             self.seconds += time.perf_counter() - t0
+
+    def read(self, name, index):
+        with self._clock():
+            return self.store.read(name, index)
 
     def rows(self, name, index):
         """Rows to index one at a time: row views where a copy into one array would serve nothing."""
-        t0 = time.perf_counter()
-        try:
+        with self._clock():
             return getattr(self.store, "rows", self.store.read)(name, index)
-        finally:
-            self.seconds += time.perf_counter() - t0
 
     def write(self, name, index, value):
-        t0 = time.perf_counter()
-        try:
+        with self._clock():
             self.store.write(name, index, value)
-        finally:
-            self.seconds += time.perf_counter() - t0
 
     def buffer(self, name, index, shape):
         return self.store.buffer(name, index, shape)
