@@ -272,49 +272,46 @@ def _say(opts: dict):
     return (lambda msg: None) if opts.get("quiet") or opts.get("as_json") else (lambda msg: click.echo(msg, err=True))
 
 
-def _bench_client(opts: dict):
+def _run_study(opts: dict, study, config, *, cluster: bool = True) -> dict:
+    """``study.run`` of ``config`` on a cluster of its own (None without ``cluster``), closed afterwards."""
     from daskann.cluster import client as make_client
+    from daskann.cluster import close
 
-    return make_client(opts.get("address"), n_workers=None if opts.get("address") else opts["workers"], quiet=True)
+    Path(opts["output"]).mkdir(parents=True, exist_ok=True)
+    address = opts.get("address")
+    c = make_client(address, n_workers=None if address else opts["workers"], quiet=True) if cluster else None
+    try:
+        return study.run(c, config, say=_say(opts))
+    finally:
+        if c is not None:
+            close(c)
+
+
+def _echo_report(opts: dict, report: dict, table) -> None:
+    """The report as JSON with ``--json``, else as ``table(report)``."""
+    from daskann._json import json_default
+
+    click.echo(json.dumps(report, indent=1, default=json_default) if opts.get("as_json") else table(report))
 
 
 def _study(opts: dict) -> None:
     """The iteration study and the wall-clock comparison: ``mgrit-bench.json`` and two plots."""
-    from daskann._json import json_default
     from daskann.bench import mgrit  # the benchmarks load on first use
-    from daskann.cluster import close
 
     config = mgrit.StudyConfig.from_options(**opts)
-    Path(opts["output"]).mkdir(parents=True, exist_ok=True)
-    c = _bench_client(opts) if config.wall_steps else None
-    try:
-        report = mgrit.run(c, config, say=_say(opts))
-    finally:
-        if c is not None:
-            close(c)
+    report = _run_study(opts, mgrit, config, cluster=bool(config.wall_steps))
     mgrit.write_outputs(report, opts["output"])
-    click.echo(
-        json.dumps(report, indent=1, default=json_default) if opts.get("as_json") else mgrit.format_table(report)
-    )
+    _echo_report(opts, report, mgrit.format_table)
 
 
 def _efficiency(opts: dict) -> None:
     """The execution study: ``mgrit-efficiency.json``."""
     from daskann._json import json_default, write_json
     from daskann.bench import mgrit_efficiency  # the benchmarks load on first use
-    from daskann.cluster import close
 
-    config = mgrit_efficiency.EfficiencyConfig.from_options(**opts)
-    output = Path(opts["output"])
-    output.mkdir(parents=True, exist_ok=True)
-    c = _bench_client(opts)
-    try:
-        report = mgrit_efficiency.run(c, config, say=_say(opts))
-    finally:
-        close(c)
-    write_json(report, output / mgrit_efficiency.EFFICIENCY_JSON, default=json_default)
-    text = json.dumps(report, indent=1, default=json_default) if opts.get("as_json") else None
-    click.echo(text or mgrit_efficiency.format_efficiency(report))
+    report = _run_study(opts, mgrit_efficiency, mgrit_efficiency.EfficiencyConfig.from_options(**opts))
+    write_json(report, Path(opts["output"]) / mgrit_efficiency.EFFICIENCY_JSON, default=json_default)
+    _echo_report(opts, report, mgrit_efficiency.format_efficiency)
 
 
 def run_demo(client=None, *, quick: bool = False) -> dict:
