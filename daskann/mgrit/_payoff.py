@@ -32,6 +32,7 @@ from daskann.mgrit import workmodel
 from daskann.mgrit._levels import check_hierarchy
 from daskann.mgrit._plan import Planner
 from daskann.mgrit.problem import StateLayout
+from daskann.mgrit.propagators import step_cost
 
 #: values of the setting ``daskann.mgrit.solve``
 POLICIES = ("predict", "force", "study")
@@ -161,14 +162,7 @@ def _zero_step(net, prop, i: int) -> None:
 
 def coarse_cost(options: dict, level: int, span: int) -> float:
     """Work units of one step of ``level``, as :meth:`daskann.mgrit.propagators.SGDPropagator.cost` counts them."""
-    if level == 0:
-        return 1.0
-    if options["coarse"] == "repeat":
-        return float(span)
-    if callable(options["coarse"]):
-        return 1.0
-    substeps = options["substeps"]
-    return float(substeps * min(options["coarse_batches"], max(1, span // substeps)))
+    return step_cost(level, span, options["coarse"], options["substeps"], options["coarse_batches"])
 
 
 @dataclass(frozen=True)

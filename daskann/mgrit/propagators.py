@@ -443,13 +443,19 @@ class SGDPropagator(Propagator):
                         v[...] = g
 
     def cost(self, level, span):
-        if level == 0:
-            return 1.0
-        if self.coarse == "repeat":
-            return float(span)
-        if callable(self.coarse):
-            return 1.0
-        return float(self.repeats * self.substeps * min(self.coarse_batches, max(1, span // self.substeps)))
+        return step_cost(level, span, self.coarse, self.substeps, self.coarse_batches, self.repeats)
+
+
+def step_cost(level: int, span: int, coarse, substeps: int, coarse_batches: int, repeats: int = 1) -> float:
+    """Work units of one step of ``level`` spanning ``span`` fine steps: the minibatches its gradients read (a
+    user's coarse propagator counts one), as the work model and the forecast count them."""
+    if level == 0:
+        return 1.0
+    if coarse == "repeat":
+        return float(span)
+    if callable(coarse):
+        return 1.0
+    return float(repeats * substeps * min(coarse_batches, max(1, span // substeps)))
 
 
 def stable_alpha_cap(lr: float, momentum: float, curvature: float, *, margin: float = 0.5) -> float:
