@@ -122,7 +122,7 @@ class SolveRun:
         # the committed iterations (a resumed run's history)
         self.records = records({key: progress.get(key, [])[: self.iteration] for key in SERIES})
         self.first_own = len(self.records)  # records before this index are a resumed run's
-        self.norms: list[float] = []
+        self.norms: list[float] = []  # the last committed iteration's residual at each fine C-point
         self.graphs: list = []  # work-model graphs of the iterations run by this call
         self.executor = None
         self.replans = 0  # iterations started again because C-values kept on a worker were lost
@@ -209,7 +209,6 @@ class SolveRun:
         finals = [results[t.key] for t in tasks if t.final]
         norms = [r for f in finals for r in f["residuals"]]
         residual = _temporal_norm(norms, self.opt["t_norm"]) if self.hierarchy.n_levels > 1 else 0.0
-        self.norms = norms  # per C-point residuals: how far the trajectory can be trusted
         self.state_vec = next(f["last"] for f in finals if f["last"] is not None)
         self.graphs.append(light)
         record = IterationRecord(
@@ -256,9 +255,9 @@ class SolveRun:
         residuals, opt = self.residuals, self.opt
         return residuals[-1] <= opt["tol"] or (opt["rtol"] is not None and residuals[-1] <= opt["rtol"] * residuals[0])
 
-    def commit(self, k: int, status: str) -> None:
-        """Make iteration ``k`` the one a resumed run continues from."""
-        self.iteration = k
+    def commit(self, k: int, status: str, norms: list[float]) -> None:
+        """Make iteration ``k`` (its residual at each fine C-point ``norms``) the one a resumed run continues from."""
+        self.iteration, self.norms = k, norms
         self.progress = {"iteration": k, "status": status, "committed": self.planner.committed, **series(self.records)}
         self.store.write("last", slice(None), self.state_vec)
         self._write_progress(self.progress)

@@ -633,23 +633,21 @@ class MGRIT:
 
         A solve that ends otherwise keeps its last completed iteration in :attr:`last_iterate_`.
         """
-        committed: list[float] = []  # the C-point residuals of the last completed iteration
         try:
-            status = self._iterations(run, committed)
+            status = self._iterations(run)
         except MGRITDiverged:
-            self._keep_last_iterate(run, committed)
+            self._keep_last_iterate(run)
             raise
         if status != "converged":
-            self._keep_last_iterate(run, committed)
+            self._keep_last_iterate(run)
         return status
 
-    def _iterations(self, run: SolveRun, committed: list[float]) -> str:
+    def _iterations(self, run: SolveRun) -> str:
         for k in range(run.iteration + 1, run.opt["max_iter"] + 1):
             record, norms = run.iterate(k)
             run.check_stable(k, norms)
             converged = run.converged()
-            run.commit(k, "converged" if converged else "running")
-            committed[:] = norms
+            run.commit(k, "converged" if converged else "running", norms)
             try:
                 self._report(run, k, record, converged)
             except StopIteration:
@@ -684,10 +682,10 @@ class MGRIT:
         context = Context(prop, layout, hierarchy, u0_vec)
         return SolveRun(opt, context, store, progress, prefix, run_id=run_id, temporary=temporary)
 
-    def _keep_last_iterate(self, run: SolveRun, norms: list[float]) -> None:
+    def _keep_last_iterate(self, run: SolveRun) -> None:
         slot = run.progress.get("committed")
-        if run.progress.get("iteration", 0) > 0 and slot is not None and norms:
-            self.last_iterate_ = (np.array(run.cpoints(slot)), list(norms))
+        if run.progress.get("iteration", 0) > 0 and slot is not None and run.norms:
+            self.last_iterate_ = (np.array(run.cpoints(slot)), list(run.norms))
 
     def _finished(self, run: SolveRun) -> None:
         """Read what the run's store holds for the caller, before the store is closed."""
