@@ -713,7 +713,8 @@ class MGRITTrainer(BaseTrainer):
                 _adapt.Adaptation(
                     run.attempt,
                     change,
-                    _attempt_options(options, run.prop),
+                    # what it ran with: the levels, the resolved coarse learning-rate cap and the substeps
+                    {"levels": options["levels"], "alpha_cap": run.prop.alpha_cap, "substeps": options["substeps"]},
                     outcome,
                     reason,
                     len(new),
@@ -922,11 +923,6 @@ def _run_id(prop_config: dict, options: dict, u0, n_steps: int) -> str:
     for a in u0:
         h.update(np.ascontiguousarray(a).tobytes())
     return "mgrit-" + h.hexdigest()[:16]
-
-
-def _attempt_options(options: dict, prop: SGDPropagator) -> dict:
-    """What an attempt ran with: levels, the resolved coarse learning-rate cap and substeps."""
-    return {"levels": options["levels"], "alpha_cap": prop.alpha_cap, "substeps": options["substeps"]}
 
 
 def _result_attrs(result: MGRITResult, options: dict) -> dict:
