@@ -730,14 +730,15 @@ class MGRITTrainer(BaseTrainer):
             if outcome == "stopped":
                 break
             left = budget - len(done.records)
+            if left <= 0:
+                break
             coarse = options["coarse"]
-            spans = [hierarchy.span(lvl) for lvl in range(1, hierarchy.n_levels)]
-            alpha_max = max((run.prop.alpha(lvl, span) for lvl, span in enumerate(spans, 1)), default=1.0)
-            step = None
-            if left > 0:
-                step = _adapt.next_change(
-                    run.attempt + 1, options, alpha_max, callable_coarse=callable(coarse) or coarse == "repeat"
-                )
+            alpha_max = max(
+                (run.prop.alpha(lvl, hierarchy.span(lvl)) for lvl in range(1, hierarchy.n_levels)), default=1.0
+            )
+            step = _adapt.next_change(
+                run.attempt + 1, options, alpha_max, callable_coarse=callable(coarse) or coarse == "repeat"
+            )
             if step is None:
                 break
             change, options = step
