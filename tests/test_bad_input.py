@@ -450,6 +450,13 @@ CASES: list[Case] = [
         r"solver\['cfactor'\]=1",
     ),
     Case(
+        "mgrit-cfactor-not-a-number",
+        "mgrit",
+        lambda e: _fit(_mgrit(e, solver={"levels": None, "cfactor": [4, "a"]}), e, steps=64),
+        TypeError,
+        r"solver\['cfactor'\]\[1\]='a' is not valid: expected an integer",
+    ),
+    Case(
         "mgrit-solver-unknown-key",
         "mgrit",
         lambda e: _fit(_mgrit(e, solver={"cfactr": 2}), e),

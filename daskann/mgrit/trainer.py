@@ -25,7 +25,7 @@ from daskann._dask_input import is_dask_array, remote_call
 from daskann._history import HistoryRecorder
 from daskann._options import OptionGroup, group_names, resolve_group
 from daskann._progress import ProgressBar
-from daskann._validation import Activation, Loss, MGRITScheduler, check_choice, invalid
+from daskann._validation import Activation, Loss, MGRITScheduler, check_choice, check_int, invalid
 from daskann.cluster import check_worker_memory, current_sync_client, shared_directory, worker_addresses
 from daskann.data import BatchOrder
 from daskann.exceptions import MGRITDidNotPay, MGRITDiverged, MGRITNotConverged
@@ -534,7 +534,13 @@ class MGRITTrainer(BaseTrainer):
         """
         if resolve_group(self.solver, MGRITSolverOptions)["levels"] is not None:
             return options
-        factors = options["cfactor"] if isinstance(options["cfactor"], (list, tuple)) else None
+        # the factors are checked as the solver checks them, before this arithmetic reads them
+        name, check = _option_name("cfactor"), functools.partial(check_int, minimum=2)
+        if isinstance(options["cfactor"], (list, tuple)):
+            factors = [check(name.at(i), factor) for i, factor in enumerate(options["cfactor"])]
+        else:
+            factors = None
+            check(name, options["cfactor"])
         levels = 1
         while levels < options["levels"]:
             span = math.prod(factors[:levels]) if factors else options["cfactor"] ** levels
