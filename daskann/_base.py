@@ -590,7 +590,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
         Non-finite values are left to :func:`check_features`, which names the first.
         """
         regression = settings["loss"] != "cross_entropy"
-        X, y = validate_data(
+        return validate_data(
             self,
             X,
             y,
@@ -600,7 +600,6 @@ class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
             multi_output=regression,
             y_numeric=regression,
         )
-        return X, y
 
     def _set_input_features(self, X, *, reset: bool) -> None:
         """``n_features_in_`` of dask-array input, as ``validate_data`` sets it for numpy (no names: no frame)."""
@@ -709,42 +708,23 @@ class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
 
     # -- set-up -----------------------------------------------------------------
     def _initial_model(self, settings, n_features, n_outputs, init_model: MLP | None) -> MLP:
-        bias = settings.get("bias", True)
-        if init_model is not None:
-            if not isinstance(init_model, MLP):
-                raise invalid("init_model", type(init_model).__name__, "an MLP", TypeError)
-            expected = (n_features, *settings["hidden_sizes"], n_outputs)
-            if tuple(init_model.sizes) != expected:
-                raise invalid("init_model", init_model, f"an MLP of sizes {list(expected)}")
-            if init_model.bias != bias:
-                raise invalid("init_model", init_model, f"an MLP with bias={bias}, as this trainer's bias")
+        sizes = (n_features, *settings["hidden_sizes"], n_outputs)
+        bias, dtype = settings.get("bias", True), settings["dtype"]
+        layers = {key: settings[key] for key in ("activation", "output", "negative_slope")}
+        if init_model is None:
+            return MLP(sizes, dtype=dtype, seed=settings["seed"], bias=bias, **layers)
+        if not isinstance(init_model, MLP):
+            raise invalid("init_model", type(init_model).__name__, "an MLP", TypeError)
+        if tuple(init_model.sizes) != sizes:
+            raise invalid("init_model", init_model, f"an MLP of sizes {list(sizes)}")
+        if init_model.bias != bias:
+            raise invalid("init_model", init_model, f"an MLP with bias={bias}, as this trainer's bias")
+        model = MLP.from_arrays(init_model.weights, init_model.biases, bias=bias, **layers)
+        if model.dtype != dtype:
             model = MLP.from_arrays(
-                init_model.weights,
-                init_model.biases,
-                activation=settings["activation"],
-                output=settings["output"],
-                negative_slope=settings["negative_slope"],
-                bias=bias,
+                [w.astype(dtype) for w in model.weights], [b.astype(dtype) for b in model.biases], bias=bias, **layers
             )
-            if model.dtype != settings["dtype"]:
-                model = MLP.from_arrays(
-                    [w.astype(settings["dtype"]) for w in model.weights],
-                    [b.astype(settings["dtype"]) for b in model.biases],
-                    activation=settings["activation"],
-                    output=settings["output"],
-                    negative_slope=settings["negative_slope"],
-                    bias=bias,
-                )
-            return model
-        return MLP(
-            (n_features, *settings["hidden_sizes"], n_outputs),
-            activation=settings["activation"],
-            output=settings["output"],
-            dtype=settings["dtype"],
-            seed=settings["seed"],
-            negative_slope=settings["negative_slope"],
-            bias=bias,
-        )
+        return model
 
     def _batch_order(self, settings, n_samples: int) -> BatchOrder:
         return BatchOrder(n_samples, settings["batch_size"], seed=settings["seed"], shuffle=settings["shuffle"])
@@ -793,10 +773,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
         Xv, yv = validation
         if is_dask_array(Xv):  # evaluated on a worker, where the validation data lives
             return remote_call(_evaluate_values, model, Xv, yv, loss)
-        values = {"val_loss": model.loss(Xv, yv, loss)}
-        if loss == "cross_entropy":
-            values["val_accuracy"] = model.accuracy(Xv, yv)
-        return values
+        return _evaluate_values(model, Xv, yv, loss)
 
     def _history_attrs(self, settings) -> dict:
         attrs = {k: (list(v) if isinstance(v, tuple) else v) for k, v in settings.items()}
@@ -822,7 +799,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
 
     def save(self, path) -> Path:
         """Write the fitted model and optimiser state as a checkpoint store."""
-        self._check_fitted()
+        check_is_fitted(self)
         ckpt = store.Checkpoint(
             model=self.model_,
             velocity=self.velocity_,
@@ -831,9 +808,6 @@ class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
             training=self._training_config(self._settings),
         )
         return store.save_checkpoint(path, ckpt)
-
-    def _check_fitted(self) -> None:
-        check_is_fitted(self)
 
     def _progress_bar(self, total: int, label: str, *, unit: str = "step", initial: int = 0) -> ProgressBar:
         """The run's progress display: nothing with ``verbose=0``, a bar or plain lines from 1 on."""
