@@ -553,7 +553,7 @@ class BaseTrainer(GroupedOptions, BaseEstimator, metaclass=abc.ABCMeta):
             checked = check_dask_data(
                 client, X, y, validation_data, loss=settings["loss"], dtype=settings["dtype"], n_in=n_in, n_out=n_out
             )
-            data = TrainingData(checked.X, checked.y, checked.n_outputs, checked.validation)
+            data = TrainingData(*checked)
         else:
             data = self._numpy_data(X, y, validation_data, settings, n_in, n_out)
         if classify:

@@ -27,7 +27,6 @@ from daskann._validation import (
 from daskann.cluster import current_sync_client
 
 __all__ = [
-    "DaskInput",
     "check_dask_data",
     "check_dask_features_layout",
     "data_client",
@@ -48,13 +47,6 @@ def data_client(client):
     if isinstance(client, Client):
         return client
     return current_sync_client()
-
-
-class DaskInput:
-    """The checked dask arrays of one fit, persisted on the cluster (their futures keep them there)."""
-
-    def __init__(self, X, y, n_outputs: int, validation=None):
-        self.X, self.y, self.n_outputs, self.validation = X, y, n_outputs, validation
 
 
 # -- metadata checks (on the client, no values) ---------------------------------------
@@ -147,13 +139,14 @@ def _raise_targets(name: str, s: dict) -> None:
 
 
 # -- the entry point ---------------------------------------------------------------
-def check_dask_data(client, X, y, validation_data, *, loss: str, dtype, n_in=None, n_out=None) -> DaskInput:
+def check_dask_data(client, X, y, validation_data, *, loss: str, dtype, n_in=None, n_out=None) -> tuple:
     """Check dask-array training data on the workers and keep it there, cast, persisted.
 
     Shapes, chunk sizes and dtypes are checked from the metadata; values in
     one reduction (per-chunk summaries combined into one small record), so
     the errors equal those of numpy input and name the chunk of a non-finite
-    value. Raises before any training task.
+    value. Raises before any training task. Returns ``(X, y, n_outputs, validation)``,
+    the arrays persisted on the cluster (their futures keep them there).
     """
     X = check_dask_features_layout(X, "X", n_in)
     y = _check_targets_meta(y, "y", loss, X.shape[0], n_out)
@@ -185,7 +178,7 @@ def check_dask_data(client, X, y, validation_data, *, loss: str, dtype, n_in=Non
     # the cast runs on the workers, chunk by chunk (a no-op for data already of the trained dtype)
     persisted = client.persist([a.astype(label_dtype if i % 2 else dtype) for i, a in enumerate(persisted)])
     validation = tuple(persisted[2:]) if validation_data is not None else None
-    return DaskInput(persisted[0], persisted[1], n_outputs, validation)
+    return persisted[0], persisted[1], n_outputs, validation
 
 
 # -- reading on the workers ------------------------------------------------------------
