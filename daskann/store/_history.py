@@ -2,34 +2,26 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
-from daskann._json import temporary_sibling
 from daskann._validation import named_error
 from daskann.exceptions import DamagedStoreError, StoreError
-from daskann.store._atomic import FORMAT_VERSION, array_digest, atomic_replace_dir, reraise_if_full
+from daskann.store._atomic import FORMAT_VERSION, array_digest, atomic_replace_dir, staged
 from daskann.store._checkpoints import HISTORY_STORE
 
 
 def save_history(history: xr.Dataset, path) -> Path:
     """Write a history Dataset to a zarr store atomically, with a checksum manifest."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(target)
-    ds = _encode_strings(history.copy())
-    manifest = {name: array_digest(np.asarray(ds[name].values)) for name in ds.variables}
-    ds.attrs = {**history.attrs, "daskann": {"kind": "history", "format_version": FORMAT_VERSION, "manifest": manifest}}
-    try:
+    with staged(path) as (target, tmp):
+        ds = _encode_strings(history.copy())
+        manifest = {name: array_digest(np.asarray(ds[name].values)) for name in ds.variables}
+        meta = {"kind": "history", "format_version": FORMAT_VERSION, "manifest": manifest}
+        ds.attrs = {**history.attrs, "daskann": meta}
         ds.to_zarr(str(tmp), mode="w-", consolidated=False, zarr_format=3)
         atomic_replace_dir(tmp, target)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        reraise_if_full(exc, target)
-        raise
     return target
 
 

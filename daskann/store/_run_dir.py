@@ -26,7 +26,7 @@ def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False,
         raise named_error(ValueError, "output", f"{str(path)!r} is not valid: expected a folder, found a file")
     if path.exists() and any(path.iterdir()):
         if overwrite:
-            if not marker.exists() and any(path.iterdir()):
+            if not marker.exists():
                 # refuse to wipe a folder we did not create, even when asked to overwrite
                 for child in path.iterdir():
                     if child.name not in (RUN_MARKER, CHECKPOINT_DIR, HISTORY_STORE, MODEL_STORE):
@@ -65,9 +65,7 @@ def prepare_run_dir(path, *, method: str, config: dict, overwrite: bool = False,
 def check_writable_folder(folder, name: str = "checkpoint_dir") -> Path:
     """Refuse a folder that cannot be created or written, before any work starts."""
     folder = Path(folder)
-    probe_parent = folder
-    while not probe_parent.exists():
-        probe_parent = probe_parent.parent
+    probe_parent = _existing_ancestor(folder)
     if not probe_parent.is_dir():
         raise named_error(
             ValueError, name, f"{str(folder)!r} is not valid: {str(probe_parent)!r} is a file, expected a folder"
@@ -79,16 +77,20 @@ def check_writable_folder(folder, name: str = "checkpoint_dir") -> Path:
 
 def check_free_space(folder, needed: int, name: str = "checkpoint_dir") -> None:
     """Refuse, before any work starts, a folder whose file system cannot hold ``needed`` bytes."""
-    probe = Path(folder)
-    while not probe.exists():
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free
+    free = shutil.disk_usage(_existing_ancestor(Path(folder))).free
     if free < needed:
         raise DiskFullError(
             errno.ENOSPC,
             f"{name}={str(folder)!r} has {_human(free)} free; this run's stores need about {_human(needed)} "
             "(free space, choose another folder or checkpoint less often)",
         )
+
+
+def _existing_ancestor(path: Path) -> Path:
+    """``path`` itself or its nearest ancestor that exists: the folder that a new one would be made in."""
+    while not path.exists():
+        path = path.parent
+    return path
 
 
 def _human(n_bytes: int) -> str:
