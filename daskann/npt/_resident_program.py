@@ -1,4 +1,5 @@
-"""A resident run's virtual grid (:class:`Layout`) and the training loop each worker runs for its cells on it.
+"""A resident run's virtual grid (:class:`Layout`), what each worker's task is told (:class:`ResidentRun`) and
+the training loop each worker runs for its cells on it.
 
 One long-lived task per worker executes this program for every virtual cell
 the worker hosts (one cell per worker unless cells share workers). All
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,6 +163,16 @@ class Layout:
             for (k, where), block in held.items():
                 yield *self._placed(name, k, where), block
 
+    def reported_by(self, worker: str, parts: dict) -> dict:
+        """The blocks of ``parts`` (keyed as :meth:`blocks` keys them) that only ``worker`` reports: its cells'
+        weights, and the biases of the columns whose row-0 cell it hosts (every bias block comes back once)."""
+        top = {j for i, j in self.cells_of(worker) if i == 0}
+        # blocks are never modified in place (updates make new arrays): no copies needed
+        return {
+            name: {key: block for key, block in held.items() if name in ("W", "vW") or key[1] in top}
+            for name, held in parts.items()
+        }
+
     def _placed(self, name: str, k: int, where) -> tuple:
         """Where block ``where`` (a cell, or a column for a bias) of ``name`` in layer ``k`` lies in a checkpoint:
         ``(array, "i.j" or "j", region)``."""
@@ -175,27 +187,77 @@ class Layout:
         return checkpoint_layout(self.sizes, dtype, lambda k: (self.features[k], self.features[k + 1]))
 
 
-def run_worker(spec: dict, payload: dict, previous: dict | None = None) -> dict:
-    """Task body: train this worker's cells for ``spec['start']..spec['stop']``.
+@dataclass(frozen=True)
+class ResidentRun:
+    """One validated resident stretch: what every worker's task is told (:func:`run_worker`).
+
+    Attributes
+    ----------
+    run_id : str
+        The caller's run prefix (named in errors).
+    namespace : str
+        Prefix of this stretch's task keys and message namespace.
+    layout : Layout
+        Blocks of every layer on the grid's cells.
+    settings : dict
+        The arithmetic's settings (``dtype`` as a name).
+    order : daskann.data.BatchOrder
+    start, stop : int
+        Steps to train, ``start < stop``.
+    timeout : float
+        Seconds any block may take to arrive.
+    eval_steps : tuple of int
+        Step counts after which the model is kept as a snapshot.
+    """
+
+    run_id: str
+    namespace: str
+    layout: Layout
+    settings: dict
+    order: object
+    start: int
+    stop: int
+    timeout: float
+    eval_steps: tuple = ()
+
+    @classmethod
+    def build(cls, run_id, layout, settings, dtype, order, start, stop, timeout, eval_fn) -> ResidentRun:
+        """The run of :func:`~daskann.npt.resident.train_resident`'s validated arguments, under a fresh namespace."""
+        return cls(
+            run_id=run_id,
+            namespace=f"{run_id}-resident-{uuid.uuid4().hex[:10]}",
+            layout=layout,
+            settings={k: settings[k] for k in ("loss", "output", "activation", "negative_slope", "lr", "momentum")}
+            | {"dtype": np.dtype(dtype).name},
+            order=order,
+            start=start,
+            stop=stop,
+            timeout=timeout,
+            eval_steps=tuple(d for d in range(start + 1, stop + 1) if eval_fn is not None and eval_fn(d)),
+        )
+
+
+def run_worker(run: ResidentRun, payload: dict, previous: dict | None = None) -> dict:
+    """Task body: train this worker's cells for ``run.start .. run.stop - 1``.
 
     The cells start from ``previous`` (the result of this worker's task in the stretch before,
     still in its memory) when given, else from what ``payload`` names.
     """
     # leave the thread pool: cells of other runs (or a busy worker) must not wait on us
     secede()
-    channel = Channel(spec["namespace"], timeout=spec["timeout"])
+    channel = Channel(run.namespace, timeout=run.timeout)
     try:
         with heap_for_blocks():
             if previous is not None:
                 payload = payload | previous["state"]
-            program = SingleCellProgram if spec["layout"].q == 1 else CellProgram
-            result = program(spec, payload, channel).run()
+            program = SingleCellProgram if run.layout.q == 1 else CellProgram
+            result = program(run, payload, channel).run()
             channel.check_sends(wait=True)
         return result
     except BaseException as exc:
         channel.abort_peers(
-            spec["layout"].workers,
-            f"resident run {spec['namespace']} stopped: worker {channel.address} failed with {exc!r}",
+            run.layout.workers,
+            f"resident run {run.namespace} stopped: worker {channel.address} failed with {exc!r}",
         )
         channel.close()
         raise
@@ -204,8 +266,8 @@ def run_worker(spec: dict, payload: dict, previous: dict | None = None) -> dict:
 class CellProgram:
     """State and steps of all the virtual cells hosted by one worker."""
 
-    def __init__(self, spec: dict, payload: dict, channel: Channel):
-        self.layout: Layout = spec["layout"]
+    def __init__(self, run: ResidentRun, payload: dict, channel: Channel):
+        self.layout: Layout = run.layout
         self.q = self.layout.q
         self.channel = channel
         self.me = channel.address
@@ -213,14 +275,14 @@ class CellProgram:
         self.rows = sorted({i for i, _ in self.cells})
         self.columns = sorted({j for _, j in self.cells})
         self.n_layers = self.layout.n_layers
-        s = spec["settings"]
+        s = run.settings
         self.loss_name, self.output = s["loss"], s["output"]
         self.activation, self.slope = s["activation"], float(s["negative_slope"])
         self.dtype = np.dtype(s["dtype"])
         self.lr, self.momentum = float(s["lr"]), float(s["momentum"])
-        self.order = spec["order"]
-        self.start, self.stop = int(spec["start"]), int(spec["stop"])
-        self.eval_steps = set(spec.get("eval_steps", ()))
+        self.order = run.order
+        self.start, self.stop = int(run.start), int(run.stop)
+        self.eval_steps = set(run.eval_steps)
         self.X = payload["X"]
         self.y = payload["y"]
         # validation blocks of the hosted cells (row band of the grid row, column band of the cell), if any
@@ -616,21 +678,7 @@ class CellProgram:
         if step + 1 in self.eval_steps and self.Xv is not None:
             self.evaluations[step + 1] = self.evaluate(step + 1)
         elif step + 1 in self.eval_steps:
-            snapshots[step + 1] = self.owned_state(velocity=False)
-
-    def owned_state(self, *, velocity: bool) -> dict:
-        """Weight blocks of the hosted cells, and the biases of the columns whose
-        row-0 cell is hosted here (every bias block comes back exactly once)."""
-        top = [j for j in self.columns if (0, j) in self.cells]
-        # blocks are never modified in place (updates make new arrays): no copies needed
-        state = {
-            "W": dict(self.W),
-            "b": {(layer, j): self.b[layer, j] for layer in range(self.n_layers) for j in top},
-        }
-        if velocity:
-            state["vW"] = dict(self.vW)
-            state["vb"] = {(layer, j): self.vb[layer, j] for layer in range(self.n_layers) for j in top}
-        return state
+            snapshots[step + 1] = self.layout.reported_by(self.me, {"W": self.W, "b": self.b})
 
 
 class SingleCellProgram(CellProgram):
@@ -647,9 +695,9 @@ class SingleCellProgram(CellProgram):
 
     CELL = (0, 0)
 
-    def __init__(self, spec: dict, payload: dict, channel: Channel):
-        super().__init__(spec, payload, channel)
-        s = spec["settings"]
+    def __init__(self, run: ResidentRun, payload: dict, channel: Channel):
+        super().__init__(run, payload, channel)
+        s = run.settings
         self.net = MLP.from_arrays(
             self._weights(),
             self._biases(),
@@ -711,16 +759,8 @@ def summary(result: dict) -> dict:
 
 
 def owned_blocks(result: dict, layout: Layout) -> dict:
-    """The blocks of ``result`` that only this worker reports: its cells' weights, and the biases of
-    the columns whose row-0 cell it hosts (every bias block comes back exactly once)."""
-    top = {j for (i, j) in layout.cells_of(result["worker"]) if i == 0}
-    state = result["state"]
-    return {
-        "W": state["W"],
-        "vW": state["vW"],
-        "b": {key: b for key, b in state["b"].items() if key[1] in top},
-        "vb": {key: v for key, v in state["vb"].items() if key[1] in top},
-    }
+    """The blocks of ``result`` that only this worker reports (:meth:`Layout.reported_by`)."""
+    return layout.reported_by(result["worker"], result["state"])
 
 
 def save_blocks(result: dict, layout: Layout, tmp: str) -> list:

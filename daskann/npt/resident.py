@@ -52,7 +52,15 @@ from daskann.npt._exchange import (
     exchange_latency,
 )
 from daskann.npt._kernels import validation_scores
-from daskann.npt._resident_program import Layout, block_of, owned_blocks, run_worker, save_blocks, summary
+from daskann.npt._resident_program import (
+    Layout,
+    ResidentRun,
+    block_of,
+    owned_blocks,
+    run_worker,
+    save_blocks,
+    summary,
+)
 from daskann.npt._run import (
     HeldBlocks,
     Replays,
@@ -190,69 +198,6 @@ class ResidentResult:
     snapshots: dict = field(default_factory=dict)
     state: ResidentState | None = None
     evaluations: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ResidentRun:
-    """One validated resident stretch: what every worker's task is told.
-
-    Attributes
-    ----------
-    run_id : str
-        The caller's run prefix (named in errors).
-    namespace : str
-        Prefix of this stretch's task keys and message namespace.
-    layout : Layout
-        Blocks of every layer on the grid's cells.
-    settings : dict
-        The arithmetic's settings (``dtype`` as a name).
-    order : daskann.data.BatchOrder
-    start, stop : int
-        Steps to train, ``start < stop``.
-    timeout : float
-        Seconds any block may take to arrive.
-    eval_steps : tuple of int
-        Step counts after which the model is kept as a snapshot.
-    """
-
-    run_id: str
-    namespace: str
-    layout: Layout
-    settings: dict
-    order: object
-    start: int
-    stop: int
-    timeout: float
-    eval_steps: tuple = ()
-
-    @classmethod
-    def build(cls, run_id, layout, settings, dtype, order, start, stop, timeout, eval_fn) -> ResidentRun:
-        """The run of :func:`train_resident`'s validated arguments, under a fresh namespace."""
-        return cls(
-            run_id=run_id,
-            namespace=f"{run_id}-resident-{uuid.uuid4().hex[:10]}",
-            layout=layout,
-            settings={k: settings[k] for k in ("loss", "output", "activation", "negative_slope", "lr", "momentum")}
-            | {"dtype": np.dtype(dtype).name},
-            order=order,
-            start=start,
-            stop=stop,
-            timeout=timeout,
-            eval_steps=tuple(d for d in range(start + 1, stop + 1) if eval_fn is not None and eval_fn(d)),
-        )
-
-    def spec(self) -> dict:
-        """The settings of every worker's task (:func:`daskann.npt._resident_program.run_worker`)."""
-        return {
-            "namespace": self.namespace,
-            "layout": self.layout,
-            "settings": self.settings,
-            "order": self.order,
-            "start": self.start,
-            "stop": self.stop,
-            "timeout": self.timeout,
-            "eval_steps": list(self.eval_steps),
-        }
 
 
 def train_resident(
@@ -536,11 +481,10 @@ def _run_cells(client, run: ResidentRun, payloads, previous: ResidentState | Non
     kept = False
     try:
         _scatter(client, run, payloads, into=data)
-        spec = run.spec()
         futures = [
             client.submit(
                 run_worker,
-                spec,
+                run,
                 data[worker],
                 None if previous is None else previous.futures[worker],
                 key=f"{run.namespace}-cells-{k}",
