@@ -408,8 +408,7 @@ def _check_workers(client, layout: Layout, run_id: str) -> None:
     # batch job that ended between two stretches): a lost worker, which the trainer replays, as in the run
     missing = workers_left(client, layout.workers, listed=current_workers)
     if missing:
-        described = "; ".join(f"worker {w} (cells {_cells(layout, w)})" for w in missing)
-        raise ResidentError(f"resident run {run_id} cannot start: {described} is not in the cluster")
+        raise ResidentError(f"resident run {run_id} cannot start: {_described(layout, missing)} is not in the cluster")
 
 
 def _payload(layout: Layout, worker: str, source, X, y, loss: str, cut) -> dict:
@@ -563,8 +562,9 @@ def _wait(client, futures, layout: Layout, run_id: str) -> None:
         failed = any(s in ("error", "cancelled", "lost") for s in status)
         gone = workers_left(client, layout.workers, listed=current_workers)
         if gone:
-            described = "; ".join(f"worker {w} (cells {_cells(layout, w)})" for w in gone)
-            raise ResidentError(f"resident run {run_id} failed: {described} left the cluster during training")
+            raise ResidentError(
+                f"resident run {run_id} failed: {_described(layout, gone)} left the cluster during training"
+            )
         if failed:
             raise _failure(futures, layout, run_id)
         return None
@@ -629,8 +629,7 @@ def _failure(futures, layout: Layout, run_id: str) -> ResidentError:
         text = f"{type(root).__name__}: {root}"
     elif silent and (timeouts or not errors):
         root = timeouts[0] if timeouts else None
-        cells = "; ".join(f"worker {w} (cells {_cells(layout, w)})" for w in silent)
-        text = f"{cells} sent nothing: its task is stuck, did not start, or its worker died"
+        text = f"{_described(layout, silent)} sent nothing: its task is stuck, did not start, or its worker died"
         if root is not None:
             text += f" (first to give up: {root})"
     else:
@@ -641,53 +640,50 @@ def _failure(futures, layout: Layout, run_id: str) -> ResidentError:
     return error
 
 
-def _cells(layout: Layout, worker: str) -> str:
-    return ", ".join(str(c) for c in sorted({layout.process_cell(c) for c in layout.cells_of(worker)}))
+def _described(layout: Layout, workers) -> str:
+    """``worker ... (cells ...)`` for each of ``workers``, their process cells named as the grid's."""
+
+    def cells(worker: str) -> str:
+        return ", ".join(str(c) for c in sorted({layout.process_cell(c) for c in layout.cells_of(worker)}))
+
+    return "; ".join(f"worker {w} (cells {cells(w)})" for w in workers)
 
 
 # -- results -------------------------------------------------------------------
 def _result(run: ResidentRun, settings: dict, dtype, results: list[dict], cells, validation, *, keep: bool):
-    """The stretch's :class:`ResidentResult` from every worker's ``results``; with ``keep``, its state on ``cells``."""
-    layout = run.layout
-    result = _assemble(layout, settings, dtype, results, run.eval_steps, run.start, gather=not keep)
-    if validation is not None:
-        result.evaluations = _evaluations(results, settings["loss"], validation[0].shape[0], layout.sizes[-1])
-    if keep:
-        result.state = ResidentState(layout, dict(zip(layout.workers, cells, strict=True)), dtype)
-    return result
-
-
-def _assemble(
-    layout: Layout, settings: dict, dtype, results: list[dict], eval_steps, start: int, *, gather: bool
-) -> ResidentResult:
-    n_steps = len(results[0]["losses"])
-    rows = []
-    for t in range(n_steps):
-        compute = max(r["stats"][t][0] for r in results)
-        wall = max(r["stats"][t][1] for r in results)
+    """The stretch's :class:`ResidentResult` from every worker's ``results``: with ``keep``, its state on ``cells``,
+    else the model and velocity gathered to the client."""
+    layout, rows = run.layout, []
+    for t, loss in enumerate(results[0]["losses"]):
+        stats = [r["stats"][t] for r in results]  # (compute, wall, bytes, messages, waited, transfer waited)
+        compute, wall = max(s[0] for s in stats), max(s[1] for s in stats)
         rows.append(
             {
-                "loss": float(results[0]["losses"][t]),
+                "loss": float(loss),
                 "compute_time": float(compute),
                 "comm_time": float(max(wall - compute, 0.0)),
-                "bytes_moved": int(sum(r["stats"][t][2] for r in results)),
-                "messages": int(sum(r["stats"][t][3] for r in results)),
+                "bytes_moved": int(sum(s[2] for s in stats)),
+                "messages": int(sum(s[3] for s in stats)),
                 "workers": {
-                    r["worker"]: resident_worker_times(r["stats"][t][0], r["stats"][t][1], *r["stats"][t][4:6])
-                    for r in results
+                    r["worker"]: resident_worker_times(*s[:2], *s[4:6]) for r, s in zip(results, stats, strict=True)
                 },
             }
         )
     # every worker agreed on the same step and cause
     diverged_step, cause = results[0]["diverged"] or (None, DivergenceCause.FINITE)
-    trained = velocity = None
-    if gather:
-        trained, velocity = _gather_state(layout, settings, [r["state"] for r in results], dtype, velocity=True)
-    snapshots = {}
-    for done in eval_steps:
-        if done <= start + n_steps and done in results[0]["snapshots"]:  # none when the cells evaluated
-            snapshots[done] = _gather_state(layout, settings, [r["snapshots"][done] for r in results], dtype)[0]
-    return ResidentResult(trained, velocity, rows, diverged_step, DivergenceCause(cause).what, snapshots)
+    result = ResidentResult(None, None, rows, diverged_step, DivergenceCause(cause).what)
+    if keep:
+        result.state = ResidentState(layout, dict(zip(layout.workers, cells, strict=True)), dtype)
+    else:
+        states = [r["state"] for r in results]
+        result.model, result.velocity = _gather_state(layout, settings, states, dtype, velocity=True)
+    for done in run.eval_steps:
+        if done <= run.start + len(rows) and done in results[0]["snapshots"]:  # none when the cells evaluated
+            snapshots = [r["snapshots"][done] for r in results]
+            result.snapshots[done] = _gather_state(layout, settings, snapshots, dtype)[0]
+    if validation is not None:
+        result.evaluations = _evaluations(results, settings["loss"], validation[0].shape[0], layout.sizes[-1])
+    return result
 
 
 def _evaluations(results: list[dict], loss: str, n_val: int, n_out: int) -> dict:
