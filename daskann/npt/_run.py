@@ -4,7 +4,8 @@
   (:class:`SeededBlocks`, :class:`StoredBlocks`, :class:`HeldBlocks`);
 * :class:`FinalState`: the state a run leaves on the cells (graph mode's ``GridState``, resident
   mode's :class:`~daskann.npt.resident.ResidentState`), read and written where it lives;
-* :class:`RunSpec`: what the run is asked to do, fixed for the whole run;
+* :class:`RunSpec`: what the run is asked to do, fixed for the whole run, and its data cut for a worker's
+  cells (:func:`data_block`);
 * :class:`RunRecord`: what the run has done, with the parts of each worker's step time
   (:func:`graph_worker_times`, :func:`resident_worker_times`);
 * :class:`Replays`: the tries after lost grid workers.
@@ -35,6 +36,7 @@ import numpy as np
 
 from daskann import config
 from daskann._batch import wait_for_replacements
+from daskann._dask_input import is_dask_array, materialize
 from daskann.cluster import worker_addresses
 from daskann.exceptions import LostWorkersError, WorkerLost
 from daskann.nn import MLP, init_bias_block, init_weight_block
@@ -240,6 +242,18 @@ class HeldBlocks:
         kind, index = _parse(array)
         arrays = {"weights": self.model.weights, "biases": self.model.biases, "velocity": self.velocity}[kind]
         return np.array(arrays[index][tuple(slice(a, b) for a, b in region)], order="C")
+
+
+def data_block(client, array, rows, cols, *, key: str, worker: str):
+    """Rows and columns ``(start, stop)`` (None: all of them) of training data, cut for the cells of ``worker``.
+
+    A numpy array is cut here (a copy the caller sends); a dask array is read on ``worker`` from the chunks
+    the block overlaps, a future under ``key`` (:func:`daskann._dask_input.materialize`).
+    """
+    if is_dask_array(array):
+        return materialize(client, array, key=key, rows=rows, cols=cols, workers=[worker])
+    rows = slice(None) if rows is None else slice(*rows)
+    return np.ascontiguousarray(array[rows] if cols is None else array[rows, slice(*cols)])
 
 
 @dataclass(frozen=True)

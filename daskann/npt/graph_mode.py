@@ -53,7 +53,7 @@ from typing import NamedTuple
 import numpy as np
 
 from daskann import config
-from daskann._dask_input import is_dask_array, materialize
+from daskann._dask_input import is_dask_array
 from daskann.cluster import wait_watching, workers_left
 from daskann.exceptions import DivergenceCause, WorkerLost
 from daskann.nn import MLP
@@ -66,6 +66,7 @@ from daskann.npt._run import (
     RunStart,
     assembled_state,
     checkpoint_layout,
+    data_block,
     graph_worker_times,
     layer_arrays,
 )
@@ -272,10 +273,11 @@ class GraphEngine:
         values, where, futures = {}, {}, {}
 
         def place(key: str, owner: str, array, cols) -> None:
+            block = data_block(self.client, array, None, cols, key=key, worker=owner)
             if lazy:
-                futures[key] = materialize(self.client, array, key=key, cols=cols, workers=[owner])
+                futures[key] = block
             else:
-                values[key] = np.ascontiguousarray(array if cols is None else array[:, cols[0] : cols[1]])
+                values[key] = block
                 where.setdefault(owner, []).append(key)
 
         x_bands, x_owners = [], []

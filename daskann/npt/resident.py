@@ -39,7 +39,7 @@ import numpy as np
 from distributed import Future
 
 from daskann import config
-from daskann._dask_input import is_dask_array, materialize
+from daskann._dask_input import is_dask_array
 from daskann._validation import check_float, check_int, invalid
 from daskann.cluster import wait_watching, worker_addresses, workers_left
 from daskann.exceptions import DivergenceCause, LostWorkersError, ResidentError, WorkerLost
@@ -68,6 +68,7 @@ from daskann.npt._run import (
     RunSpec,
     RunStart,
     assembled_state,
+    data_block,
     resident_worker_times,
 )
 from daskann.npt.grid import split_bounds
@@ -457,13 +458,10 @@ def _validation_blocks(layout: Layout, worker: str, validation, loss: str, cut) 
 
 
 def _cutter(client, worker: str, prefix: str, k: int):
-    """``cut(array, rows, cols, tag)``: a block of numpy data, or of a dask array read on ``worker``."""
+    """``cut(array, rows, cols, tag)``: a block of the data for ``worker``'s cells (:func:`.data_block`)."""
 
     def cut(array, rows, cols, tag):
-        (r0, r1), (c0, c1) = rows, cols if cols is not None else (None, None)
-        if not is_dask_array(array):
-            return np.ascontiguousarray(array[r0:r1] if cols is None else array[r0:r1, c0:c1])
-        return materialize(client, array, key=f"{prefix}-{tag}-{k}", rows=rows, cols=cols, workers=[worker])
+        return data_block(client, array, rows, cols, key=f"{prefix}-{tag}-{k}", worker=worker)
 
     return cut
 
