@@ -337,7 +337,7 @@ class GraphEngine:
                         size = (r[1] - r[0], c[1] - c[0])
                         line.append(self._packed_block(key, size, field_name) if self.packed else Block(key, size))
                     blocks.append(line)
-                out.append(GridMatrix(self.grid, self._shape(layer), self.dtype, rows, cols, blocks))
+                out.append(GridMatrix(self.grid, self.sizes[layer : layer + 2], self.dtype, rows, cols, blocks))
             line = []
             for j, c in enumerate(cols):
                 key = f"{name}-b{layer}-{j}"
@@ -347,9 +347,6 @@ class GraphEngine:
         state = GridState(start.step, *mats, biases)
         futures = scatter_to(self.client, values, where) if on_client else builder.submit(state.keys())
         return self._attach(state, futures)
-
-    def _shape(self, layer: int) -> tuple[int, int]:
-        return (self.sizes[layer], self.sizes[layer + 1])
 
     def store_layout(self) -> dict:
         """The arrays of a checkpoint of this net (:func:`daskann.store.write_block_group`), cut on the grid."""
@@ -683,9 +680,8 @@ class GraphResult:
     """What a try at a graph-mode run gives back: its history rows and final state, which stays on the grid."""
 
     rows: dict  # completed steps -> history row
-    diverged_step: int | None = None
-    diverged_what: str = ""
     state: object = None  # the final GridState (after divergence, the last finite one), alive on the grid
+    diverged: tuple[int, str] | None = None  # as RunRecord.diverged
 
 
 def run_graph(client, run: RunSpec, start: RunStart, record: RunRecord) -> None:
@@ -711,8 +707,7 @@ def run_graph(client, run: RunSpec, start: RunStart, record: RunRecord) -> None:
     record.worker_times.update(_add_timings(client, result.rows, run.run_id, task_stream_start, replays.grid))
     for done in sorted(result.rows):
         record.history.append(done, **result.rows[done])
-    if result.diverged_step is not None:
-        record.diverged = (result.diverged_step, result.diverged_what)
+    record.diverged = result.diverged
 
 
 class _Attempt:
@@ -842,12 +837,12 @@ class _Attempt:
         if params_ok or step - 1 < self.start.step:
             # serial stops at step + 1 on the loss, keeping the weights it started that step with
             what = DivergenceCause.of(loss=False).what
-            return GraphResult(rows, diverged_step=step + 1, diverged_what=what, state=state)
+            return GraphResult(rows, state, (step + 1, what))
         # the update of the previous step already produced non-finite weights; its velocity (momentum times
         # the last one plus the gradient) stands in for the gradients, which graph mode does not keep
         rows.pop(step, None)
         what = DivergenceCause.of(gradients=velocity_ok, weights=False).what
-        return GraphResult(rows, diverged_step=step, diverged_what=what, state=self._state(step - 1))
+        return GraphResult(rows, self._state(step - 1), (step, what))
 
     def _state(self, step: int):
         """The state after ``step`` steps: held, or trained again from the latest saved state before it.

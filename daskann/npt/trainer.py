@@ -515,14 +515,13 @@ class NPTTrainer(BaseTrainer):
             }
         )
         if self.mode_ == "graph":
-            attrs["pipeline"] = {0: "fused", 1: "single", 2: "double"}[run.chains]
+            attrs["pipeline"] = next(name for name, chains in CHAINS.items() if chains == run.chains)
         return attrs
 
     def _block_checkpoint_fn(self, stop: int):
         """``save(step, layout, write) -> path``: a store whose blocks the cells write, committed here.
 
-        ``write(tmp)`` writes every block from its cell; the store of step ``stop`` becomes the final one
-        (:meth:`_set_final`).
+        ``write(tmp)`` writes every block from its cell; the store of step ``stop`` becomes the final one.
 
         One format for both modes (graph mode cuts it on the grid, resident mode on its virtual Cannon
         grid): either resumes the other's checkpoints, on any grid.
@@ -542,13 +541,10 @@ class NPTTrainer(BaseTrainer):
             attrs = store.checkpoint_attrs(net, step, order.get_state(), training, extra)
             path = store.write_block_group(store.checkpoint_path(directory, step), layout, write, attrs)
             if step == stop:
-                self._set_final(path)
+                self._final_store = path
             return path
 
         return save
-
-    def _set_final(self, path) -> None:
-        self._final_store = path
 
     def _chains(self, sizes) -> int:
         if self._npt["pipeline"] != "auto":
