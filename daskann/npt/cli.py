@@ -43,12 +43,10 @@ def _check_grid(ctx, param, value):
     return value
 
 
-def _connect(opts: dict, *, quiet: bool):
-    return connect(opts, quiet=quiet)
-
-
 def npt_summary(trainer) -> dict:
-    """Figures an NPT run adds to the common summary (JSON-safe)."""
+    """Figures an NPT run adds to the common summary (JSON-safe): the run's grid, and medians of its steps' figures."""
+    import numpy as np
+
     h = trainer.history_
     extra = {
         "grid": f"{trainer.grid_.rows}x{trainer.grid_.cols}",
@@ -58,16 +56,10 @@ def npt_summary(trainer) -> dict:
     }
     for name in ("compute_time", "comm_time", "bytes_moved"):
         if name in h:
-            values = h[name].values
-            extra[f"median_{name}"] = float(f"{float(_nanmedian(values)):.6g}")
+            finite = h[name].values[~np.isnan(h[name].values)]  # a graph-mode step the task stream missed is NaN
+            median = float(np.median(finite)) if finite.size else float("nan")
+            extra[f"median_{name}"] = float(f"{median:.6g}")
     return extra
-
-
-def _nanmedian(values):
-    import numpy as np
-
-    finite = values[~np.isnan(values)]
-    return np.median(finite) if finite.size else float("nan")
 
 
 @click.command("npt")
@@ -100,7 +92,7 @@ def train_command(**opts):
     from daskann.cluster import close
     from daskann.npt.trainer import NPTTrainer
 
-    client = _connect(opts, quiet=bool(opts.get("quiet") or opts.get("as_json")))
+    client = connect(opts, quiet=bool(opts.get("quiet") or opts.get("as_json")))
     try:
         run_training(
             lambda settings, data: NPTTrainer(
@@ -141,7 +133,7 @@ def plan_command(hidden, n_features, n_outputs, batch_size, dtype, mode, as_json
 
     sizes = (check_int("n_features", n_features), *check_hidden_sizes(hidden), check_int("n_outputs", n_outputs))
     batch_size = check_int("batch_size", batch_size)
-    client = _connect(opts, quiet=True)
+    client = connect(opts, quiet=True)
     try:
         model = costmodel.measure(client)
         n_workers = len(worker_addresses(client))
@@ -246,7 +238,7 @@ def bench_command(output, quick, as_json, **opts):
     )
     if opts.get("address") is None and opts.get("profile") is None and opts.get("workers") is None:
         opts["workers"] = 4  # enough for the 1x1 .. 2x2 sweep; 2x4 shares them
-    client = _connect(opts, quiet=True)
+    client = connect(opts, quiet=True)
     try:
         result = npt.run(client, config, log=(lambda *_: None) if as_json else click.echo)
     finally:
