@@ -51,7 +51,7 @@ T = TypeVar("T")
 
 
 class FinalState(Protocol):
-    """The state a run left on the grid's cells, read and written where it lives.
+    """The state a run left on the grid's cells, read and written where it lives: both modes' states derive from it.
 
     ``client`` is the client its ``futures`` belong to; :meth:`gather` brings the model and its
     velocity to the client, :meth:`save` has the cells write a checkpoint store's blocks and returns
@@ -61,7 +61,8 @@ class FinalState(Protocol):
     futures: dict
 
     @property
-    def client(self): ...
+    def client(self):
+        return next(iter(self.futures.values())).client
 
     def gather(self, settings: dict) -> tuple[MLP, list]: ...
 

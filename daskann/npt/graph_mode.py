@@ -59,6 +59,7 @@ from daskann.exceptions import DivergenceCause, WorkerLost
 from daskann.nn import MLP
 from daskann.npt import _kernels
 from daskann.npt._run import (
+    FinalState,
     HeldBlocks,
     Replays,
     RunRecord,
@@ -93,7 +94,7 @@ class LocatedBlock(NamedTuple):
 
 
 @dataclass
-class GridState:
+class GridState(FinalState):
     """Parameters and velocities on the grid after ``step`` steps, read and saved where they live.
 
     A run's final state, as :class:`~daskann.npt.resident.ResidentState` (a
@@ -112,10 +113,6 @@ class GridState:
         for w, v, b in zip(self.weight_mats, self.velocity_mats, self.bias_blocks, strict=True):
             keys += w.keys() + v.keys() + [blk.key for blk in b]
         return list(dict.fromkeys(keys))  # a packed block holds a weight and its velocity under one key
-
-    @property
-    def client(self):
-        return next(iter(self.futures.values())).client
 
     def gather(self, settings: dict) -> tuple[MLP, list]:
         """Model and velocity on the client (``settings``: activation, output, negative_slope)."""

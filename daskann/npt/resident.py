@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
-from distributed import Future
+from distributed import futures_of
 
 from daskann import config
 from daskann._dask_input import is_dask_array
@@ -62,6 +62,7 @@ from daskann.npt._resident_program import (
     summary,
 )
 from daskann.npt._run import (
+    FinalState,
     HeldBlocks,
     Replays,
     RunRecord,
@@ -92,7 +93,7 @@ class ResidentLostWorkers(LostWorkersError, ResidentError):
 
 
 @dataclass
-class ResidentState:
+class ResidentState(FinalState):
     """The state a resident run left in its workers' memory: one task result per worker of the grid.
 
     Attributes
@@ -107,10 +108,6 @@ class ResidentState:
     layout: Layout
     futures: dict
     dtype: np.dtype
-
-    @property
-    def client(self):
-        return next(iter(self.futures.values())).client
 
     def _each(self, fn, *args, tag: str) -> list:
         """``fn(result, *args)`` on every worker, where its result lives; the futures in grid order."""
@@ -511,7 +508,7 @@ def _scatter(client, run: ResidentRun, payloads, *, into: dict) -> None:
     for k, (worker, payload) in enumerate(payloads):
         key = f"{run.namespace}-data-{k}"
         try:
-            if _holds_futures(payload):  # data cut on the worker: the blocks join it there
+            if futures_of(payload):  # data cut on the worker: the blocks join it there
                 into[worker] = client.submit(
                     _identity, payload, key=key, workers=[worker], allow_other_workers=False, pure=False
                 )
@@ -522,14 +519,6 @@ def _scatter(client, run: ResidentRun, payloads, *, into: dict) -> None:
             if isinstance(exc, KeyError) and not (exc.args and exc.args[0] == worker):
                 raise
             raise ResidentError(f"worker {worker} left while its blocks were scattered ({exc!r})") from exc
-
-
-def _holds_futures(payload: dict) -> bool:
-    values = [payload["y"], *payload["X"].values(), *payload.get("Xv", {}).values()]
-    for name in ("y", "yv"):
-        if isinstance(payload.get(name), dict):
-            values += list(payload[name].values())
-    return any(isinstance(v, Future) for v in values)
 
 
 def _identity(payload):
