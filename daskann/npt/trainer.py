@@ -357,7 +357,8 @@ class NPTTrainer(BaseTrainer):
             start = self._run_start(ckpt, resume, init_model, history)
             self._sizes = (data.n_features, *settings["hidden_sizes"], data.n_outputs)
             self._check_checkpoint_space(settings, self._sizes, start.step, total)
-            self._setup_grid(client, npt, self._sizes, settings)
+            self.grid_, self.mode_, self.plan_, self.cost_model_ = grid_and_mode(client, npt, self._sizes, settings)
+            self.recoveries_ = 0
             check_block_memory(client, self.grid_, self._sizes, settings)
             if start.path is not None and store.is_block_store(start.path):
                 verify_store(client, self.grid_, start.path)
@@ -431,11 +432,6 @@ class NPTTrainer(BaseTrainer):
         # from the settings: checking X must not load a model the client does not hold
         return self._sizes[0], np.dtype(self._settings["dtype"])
 
-    def _setup_grid(self, client, npt: dict, sizes, settings) -> None:
-        grid, mode, plan, model = grid_and_mode(client, npt, sizes, settings)
-        self.grid_, self.mode_, self.plan_, self.cost_model_ = grid, mode, plan, model
-        self.recoveries_ = 0
-
     def _run(self, client, begin: RunStart, stop: int, history: HistoryRecorder) -> None:
         """Train steps ``begin.step .. stop - 1`` from the state ``begin``, by the engine of ``mode_``."""
         if self.mode_ == "graph":
@@ -464,7 +460,9 @@ class NPTTrainer(BaseTrainer):
                 history.last_coord(default=begin.step),
                 history.to_dataset(self._run_attrs(run)),
             )
-        self._keep_if_closing()
+        if self._final_store is None and self.client is None and self._live_grid_state() is not None:
+            # the embedded cluster closes after fit: a final state held on the grid alone comes to the client now
+            self.model_, self.velocity_ = self._grid_state.gather(self._settings)
         if record.diverged is not None:
             raise TrainingDiverged(*record.diverged)
 
@@ -492,7 +490,7 @@ class NPTTrainer(BaseTrainer):
             on_checkpoint=self._block_checkpoint_fn(stop),
             progress=progress,
             time_offset=offset,
-            chains=self._chains(self._sizes) if self.mode_ == "graph" else 0,
+            chains=self._chains() if self.mode_ == "graph" else 0,
         )
 
     def _adopt(self, record: RunRecord) -> None:
@@ -546,10 +544,11 @@ class NPTTrainer(BaseTrainer):
 
         return save
 
-    def _chains(self, sizes) -> int:
+    def _chains(self) -> int:
+        """Graph mode's accumulation chains per block product: the ``pipeline`` asked for, else the cost model's."""
         if self._npt["pipeline"] != "auto":
             return CHAINS[self._npt["pipeline"]]
-        return pipeline_chains(sizes, self._settings["batch_size"], self.grid_.shape)
+        return pipeline_chains(self._sizes, self._settings["batch_size"], self.grid_.shape)
 
     # -- results, read where they live ----------------------------------------------
     # After a run the final state stays on the grid's cells (_grid_state) and, with a checkpoint folder, in
@@ -673,11 +672,6 @@ class NPTTrainer(BaseTrainer):
         if state is None or not state.futures:
             return None
         return state if state.client.status == "running" else None
-
-    def _keep_if_closing(self) -> None:
-        """Gather a final state held on the grid alone while its cluster runs, if that cluster closes after fit."""
-        if self._final_store is None and self.client is None and self._live_grid_state() is not None:
-            self.model_, self.velocity_ = self._grid_state.gather(self._settings)
 
 
 def _sized(sizes) -> MLP:
