@@ -355,19 +355,21 @@ class Replays:
     client : distributed.Client
     grid : ProcessGrid
         The grid of the first try; :attr:`grid` is the latest try's.
+    run : RunSpec
+        Its ``max_recoveries`` (replays from one saved state before giving up) and ``timeout`` (seconds
+        without progress, which bound the wait for replacement workers).
     what : str
         The training named in errors (``"graph-mode training"``).
-    budget : int
-        Replays from one saved state before giving up.
-    timeout : float
-        Seconds the training allows without progress (bounds the wait for replacement workers).
+    budget : str
+        The setting that gives the replays from one saved state where ``run.max_recoveries`` is None.
     error : type
         Raised on giving up: :class:`~daskann.exceptions.LostWorkersError` or a subclass.
     """
 
-    def __init__(self, client, grid: ProcessGrid, *, what: str, budget: int, timeout: float, error=LostWorkersError):
-        self.client, self.grid, self.what = client, grid, what
-        self.budget, self.timeout, self.error = budget, timeout, error
+    def __init__(self, client, grid: ProcessGrid, run: RunSpec, *, what: str, budget: str, error=LostWorkersError):
+        self.client, self.grid, self.what, self.error = client, grid, what, error
+        self.budget = config.count(budget) if run.max_recoveries is None else run.max_recoveries
+        self.timeout = run.timeout
         self.tries = 0  # replays so far, over every call of run (each try has its own number)
 
     def run(self, start: RunStart, attempt: Callable[[ProcessGrid, RunStart, int], T]) -> T:

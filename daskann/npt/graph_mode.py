@@ -52,7 +52,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from daskann import config
 from daskann._dask_input import is_dask_array
 from daskann.cluster import wait_watching, workers_left
 from daskann.exceptions import DivergenceCause, WorkerLost
@@ -686,13 +685,12 @@ def run_graph(client, run: RunSpec, start: RunStart, record: RunRecord) -> None:
 
     Trains steps ``start.step .. run.stop - 1``; see the module docstring.
     """
-    max_recoveries = config.count("npt.graph-replays") if run.max_recoveries is None else run.max_recoveries
     held = [v.copy() for v in start.velocity] if start.velocity is not None else None
     rows: dict = {}
     t0 = time.perf_counter() - run.time_offset
     task_stream_start = time.time()
     client.get_task_stream(start=task_stream_start)  # makes the scheduler record from now on
-    replays = Replays(client, record.grid, what="graph-mode training", budget=max_recoveries, timeout=run.timeout)
+    replays = Replays(client, record.grid, run, what="graph-mode training", budget="npt.graph-replays")
 
     def attempt(grid: ProcessGrid, begin: RunStart, number: int) -> GraphResult:
         for done in [d for d in rows if d > begin.step]:

@@ -266,9 +266,8 @@ def train_resident(
 def run_resident(client, run: RunSpec, start: RunStart, record: RunRecord) -> None:
     """Resident mode from ``start`` on ``record.grid``: history rows, grid and the cells' state go into ``record``."""
     t0 = time.perf_counter() - run.time_offset
-    budget = config.count("npt.resident-restarts") if run.max_recoveries is None else run.max_recoveries
     replays = Replays(
-        client, record.grid, what="resident training", budget=budget, timeout=run.timeout, error=ResidentLostWorkers
+        client, record.grid, run, what="resident training", budget="npt.resident-restarts", error=ResidentLostWorkers
     )
     for stop in sorted(run.checkpoint_steps | {run.stop}):
         if stop <= start.step:
