@@ -695,15 +695,15 @@ class MGRITTrainer(BaseTrainer):
         """Attempts along the adaptation ladder, then the serial finish: a result holding serial's weights."""
         budget = run.options["max_iter"]
         options, change = dict(run.options), ""
-        done = _Attempts(time.perf_counter())
+        attempts = _Attempts(time.perf_counter())
         while True:
-            done.hierarchy = hierarchy = solver.check()["hierarchy"]
+            attempts.hierarchy = hierarchy = solver.check()["hierarchy"]
             t0 = time.perf_counter()
             try:
                 result = self._solve(run, solver)
                 new = _run.records(vars(result))
                 outcome, reason = ("converged" if result.converged else "max_iter"), result.status
-                done.template = result
+                attempts.template = result
                 if result.status == "stopped":  # the pay check: no further attempt
                     outcome, reason = "stopped", run.stopped
             except MGRITDiverged as exc:
@@ -712,10 +712,10 @@ class MGRITTrainer(BaseTrainer):
                 outcome = "stalled" if stalled else "diverged"
                 reason = exc.what if stalled else f"{exc.what} on level {exc.level} at fine step {exc.step}"
                 reason += f" (iteration {exc.iteration})"
-            done.kept = solver.last_iterate_ or done.kept
-            done.records += new
+            attempts.kept = solver.last_iterate_ or attempts.kept
+            attempts.records += new
             work, path = _adapt.records_cost(new)
-            done.adaptations.append(
+            attempts.adaptations.append(
                 _adapt.Adaptation(
                     run.attempt,
                     change,
@@ -731,11 +731,11 @@ class MGRITTrainer(BaseTrainer):
             )
             if outcome == "converged":
                 ended = "converged" if run.attempt == 0 else "adapted"
-                return self._combined(run, done, result.state, ended)
+                return self._combined(run, attempts, result.state, ended)
             run.iter_offset += len(new)
             if outcome == "stopped":
                 break
-            left = budget - len(done.records)
+            left = budget - len(attempts.records)
             if left <= 0:
                 break
             coarse = options["coarse"]
@@ -749,28 +749,28 @@ class MGRITTrainer(BaseTrainer):
                 break
             change, options = step
             run.attempt += 1
-            initial = _adapt.initial_guess(done.kept, run.layout.pack(run.u0), hierarchy.cfactors[0])
+            initial = _adapt.initial_guess(attempts.kept, run.layout.pack(run.u0), hierarchy.cfactors[0])
             solver = self._plan_solver(run, options, initial=initial, budget=left)
         predicted = run.policy == "predict" and run.pilot is not None and not run.pilot.pays
         ended = "serial-predicted" if predicted else "serial-fallback"
-        return self._serial_finish(run, done, ended)
+        return self._serial_finish(run, attempts, ended)
 
-    def _serial_finish(self, run: _FitRun, done: _Attempts, ended: str) -> MGRITResult:
+    def _serial_finish(self, run: _FitRun, attempts: _Attempts, ended: str) -> MGRITResult:
         """Propagate serially from the last point the kept iterate holds exactly."""
         t0 = time.perf_counter()
-        n_steps, cfactors = run.n_steps, done.hierarchy.cfactors
+        n_steps, cfactors = run.n_steps, attempts.hierarchy.cfactors
         # a state without velocity finishes with a step, whose gradient is the final velocity
         before = None if run.prop.velocity else n_steps
         cfactor = cfactors[0] if cfactors else 1  # one level: nothing kept
-        start, vector = _adapt.trusted_start(done.kept, run.layout.pack(run.u0), cfactor, before=before)
+        start, vector = _adapt.trusted_start(attempts.kept, run.layout.pack(run.u0), cfactor, before=before)
         state, run.final_velocity = self._finish(run, start, vector)
         steps, reason = float(n_steps - start), f"steps {start}..{n_steps} serially"
-        done.adaptations.append(
+        attempts.adaptations.append(
             _adapt.Adaptation(
                 run.attempt + 1, "serial", {"start": start}, "serial", reason, 0, steps, steps, time.perf_counter() - t0
             )
         )
-        return self._combined(run, done, state, ended)
+        return self._combined(run, attempts, state, ended)
 
     @staticmethod
     def _finish(run: _FitRun, start: int, vector) -> tuple:
@@ -781,25 +781,32 @@ class MGRITTrainer(BaseTrainer):
             return remote_call(_finish_on_worker, *args)
         return _adapt.finish_serially(prop, layout, start, vector, n_steps, step_offset=run.done)
 
-    def _combined(self, run: _FitRun, done: _Attempts, state, ended: str) -> MGRITResult:
+    def _combined(self, run: _FitRun, attempts: _Attempts, state, ended: str) -> MGRITResult:
         """One result over every attempt (and the serial finish)."""
-        serial = sum(a.work for a in done.adaptations if a.outcome == "serial")
+        serial = sum(a.work for a in attempts.adaptations if a.outcome == "serial")
         solved = ended in ("converged", "adapted")
         fields = {
             "converged": solved,
             "status": "converged" if solved else ended,
             "ended": ended,
-            "adaptations": done.adaptations,
-            "solve_time": time.perf_counter() - done.started,
+            "adaptations": attempts.adaptations,
+            "solve_time": time.perf_counter() - attempts.started,
         }
-        if done.template is None:  # no attempt returned a result of its own
+        if attempts.template is None:  # no attempt returned a result of its own
             options = run.options
-            fields.update(setup_time=0.0, n_steps=run.n_steps, levels=done.hierarchy.describe(), store=None, run_id="")
             fields.update(
-                tol=options["tol"], rtol=options["rtol"], max_iter=options["max_iter"], executor=run.scheduler
+                setup_time=0.0,
+                n_steps=run.n_steps,
+                levels=attempts.hierarchy.describe(),
+                store=None,
+                run_id="",
+                tol=options["tol"],
+                rtol=options["rtol"],
+                max_iter=options["max_iter"],
+                executor=run.scheduler,
             )
-        result = _adapt.combined_result(done.template, done.records, state, **fields)
-        result.potential_speedup = _adapt.combined_paper_speedup(result, done.hierarchy, serial)
+        result = _adapt.combined_result(attempts.template, attempts.records, state, **fields)
+        result.potential_speedup = _adapt.combined_paper_speedup(result, attempts.hierarchy, serial)
         result.forecast = _forecast_record(run)
         return result
 
