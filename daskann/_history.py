@@ -50,6 +50,14 @@ class HistoryRecorder:
                 return float(row[name])
         return default
 
+    def with_rows(self, rows: dict) -> HistoryRecorder:
+        """A copy with ``rows`` (``{coord: values}``) appended in coordinate order."""
+        copy = HistoryRecorder(self.dim)
+        copy._coords, copy._rows = list(self._coords), list(self._rows)
+        for coord in sorted(rows):
+            copy.append(coord, **rows[coord])
+        return copy
+
     def extend_from(self, dataset: xr.Dataset | None) -> None:
         """Start from an earlier history (a resumed or continued run)."""
         if dataset is None or self.dim not in dataset.dims:

@@ -378,7 +378,10 @@ def test_checkpoint_loads_into_serial_trainer_and_onto_another_grid(client4, reg
     other = NPTTrainer((10,), grid="1x3", mode="graph", client=client4, **kwargs).fit(
         X, y, steps=10, resume=tmp_path / "run"
     )
-    assert list(other.history_["step"].values) == list(range(7, 11)) and other.n_steps_ == 10
+    assert list(other.history_["step"].values) == list(range(1, 11)) and other.n_steps_ == 10
+    # serial training resumed from the NPT run reads the history its checkpoints saved, as NPT does
+    assert list(serial.history_["step"].values) == list(range(1, 11))
+    np.testing.assert_allclose(other.history_["loss"].values, reference.history_["loss"].values, rtol=1e-12)
     assert _max_error(other, reference) < TOL
     assert _max_error(npt, SerialTrainer((10,), **kwargs).fit(X, y, steps=6)) < TOL
 

@@ -16,10 +16,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from slurm_site import JOB_NAME, cancel_all, needs_slurm, params, relative_difference, wait_until_no_jobs, write_profile
 
 from daskann import load_checkpoint
+from daskann.store import load_history
 
 pytestmark = needs_slurm
 
@@ -100,6 +102,10 @@ def test_a_run_longer_than_an_allocation_continues_in_the_next_job_and_equals_on
     print(f"chained allocations: jobs {jobs}, timed out {timed_out}, resumed from steps {resumed}, "
           f"completed by {completed}; relative difference to one serial run {difference:.1e}")  # fmt: skip
     assert difference <= 1e-9
+    # each allocation saved its rows beside its checkpoints: the history is the whole run's, as one run's
+    history, reference = (load_history(d / "history.zarr") for d in (run, tmp_path / "serial"))
+    assert list(history["step"].values) == list(range(1, STEPS + 1))
+    np.testing.assert_allclose(history["loss"].values, reference["loss"].values, rtol=1e-9)
 
 
 @pytest.mark.timeout(600)

@@ -284,9 +284,11 @@ class RunSpec:
     eval_steps, checkpoint_steps : frozenset of int
         Step counts after which to evaluate ``validation`` and to call ``on_checkpoint``.
     on_checkpoint : callable, optional
-        ``on_checkpoint(step, layout, write) -> path``: writes the checkpoint store at ``path`` whose
-        arrays ``layout`` describes (:func:`daskann.store.write_block_group`), ``write(tmp)`` writing
-        every block from its cell; the store saved is where replays restart.
+        ``on_checkpoint(step, layout, write, rows) -> path``: writes the checkpoint store at ``path``
+        whose arrays ``layout`` describes (:func:`daskann.store.write_block_group`), ``write(tmp)``
+        writing every block from its cell, and the history beside it: the run record's rows and
+        ``rows`` (``{step: values}``, the steps through ``step`` that the record does not hold yet).
+        The store saved is where replays restart.
     progress : callable, optional
         ``progress(step, loss)`` after every step.
     time_offset : float

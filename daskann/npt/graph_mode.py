@@ -817,7 +817,9 @@ class _Attempt:
         # each cell writes its blocks; the client commits the store once every digest is back, waiting as for a
         # step: a grid worker lost here means a replay, not an error
         state = self.states[done]
-        path = run.on_checkpoint(done, self.engine.store_layout(), lambda tmp: state.save(tmp, gather=self._gather))
+        path = run.on_checkpoint(
+            done, self.engine.store_layout(), lambda tmp: state.save(tmp, gather=self._gather), self.rows
+        )
         self.restart_from = RunStart(done, path=path)
 
     def _gather(self, futures):

@@ -274,10 +274,14 @@ def run_resident(client, run: RunSpec, start: RunStart, record: RunRecord) -> No
             continue
         save = run.on_checkpoint if stop in run.checkpoint_steps else None
         try:
-            result, path, began = replays.run(start, partial(_stretch, client, run, stop=stop, save=save))
+            result, path, rows = replays.run(start, partial(_stretch, client, run, t0, stop=stop, save=save))
         finally:
             record.grid, record.recoveries = replays.grid, replays.tries
-        _add_rows(run, result, start.step, began - t0, time.perf_counter() - began, record)
+        for done, (values, workers) in rows.items():
+            record.history.append(done, **values)
+            record.worker_times[done] = workers
+            if run.progress is not None:
+                run.progress(done, values["loss"])
         record.state = result.state
         if result.diverged_step is not None:
             # the cells rolled back to the last finite state
@@ -287,11 +291,12 @@ def run_resident(client, run: RunSpec, start: RunStart, record: RunRecord) -> No
         start = RunStart(stop, path=path, state=result.state)
 
 
-def _stretch(client, run: RunSpec, grid, start: RunStart, number: int, *, stop: int, save):
+def _stretch(client, run: RunSpec, t0: float, grid, start: RunStart, number: int, *, stop: int, save):
     """Try ``number`` at steps ``start.step .. stop - 1`` on ``grid``; :class:`WorkerLost` if a grid worker left.
 
-    With ``save`` (:attr:`RunSpec.on_checkpoint`), the cells then write the checkpoint of step ``stop``.
-    Returns the result, the checkpoint's path (or None) and when the try began.
+    With ``save`` (:attr:`RunSpec.on_checkpoint`), the cells then write the checkpoint of step ``stop``,
+    and the history through it beside it. Returns the result, the checkpoint's path (or None) and
+    ``{step: (history values, worker times)}`` for the steps of the stretch, timed from ``t0``.
     """
     began = time.perf_counter()
     try:
@@ -311,11 +316,12 @@ def _stretch(client, run: RunSpec, grid, start: RunStart, number: int, *, stop: 
             eval_fn=(lambda d: d in run.eval_steps) if run.eval_steps else None,
             validation=run.validation,
         )
+        rows = _stretch_rows(result, start.step, began - t0, time.perf_counter() - began)
         path = None
         if save is not None and result.diverged_step is None:
             state = result.state
-            path = save(stop, state.layout.store_layout(state.dtype), state.save)
-        return result, path, began
+            path = save(stop, state.layout.store_layout(state.dtype), state.save, {d: v for d, (v, _) in rows.items()})
+        return result, path, rows
     except ResidentError as exc:
         if set(grid.workers) <= set(worker_addresses(client)):
             raise
@@ -323,14 +329,13 @@ def _stretch(client, run: RunSpec, grid, start: RunStart, number: int, *, stop: 
         raise WorkerLost(str(exc), None) from exc
 
 
-def _add_rows(
-    run: RunSpec, result: ResidentResult, start: int, clock: float, elapsed: float, record: RunRecord
-) -> None:
-    """History rows of a stretch that began ``clock`` seconds into the run and took ``elapsed``.
+def _stretch_rows(result: ResidentResult, start: int, clock: float, elapsed: float) -> dict:
+    """``{step: (history values, worker times)}`` of a stretch that began ``clock`` s into the run and took ``elapsed``.
 
     The stretch's wall time is shared out over its steps in proportion to each step's compute and comm time.
     """
     busy = sum(r["compute_time"] + r["comm_time"] for r in result.rows) or 1.0
+    rows = {}
     for k, row in enumerate(result.rows):
         done = start + k + 1
         clock += (row["compute_time"] + row["comm_time"]) * elapsed / busy
@@ -343,10 +348,8 @@ def _add_rows(
         }
         # evaluated by the cells: neither the model nor the validation data came to the client
         values.update(result.evaluations.get(done, {}))
-        record.history.append(done, **values)
-        record.worker_times[done] = row["workers"]
-        if run.progress is not None:
-            run.progress(done, row["loss"])
+        rows[done] = (values, row["workers"])
+    return rows
 
 
 # -- set-up --------------------------------------------------------------------

@@ -9,6 +9,7 @@ blocks fit a worker; last, on the grid's workers, every block of the checkpoint 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import get_args
 
 import dask.array as da
@@ -442,7 +443,7 @@ class NPTTrainer(BaseTrainer):
 
         bar = self._progress_bar(stop, f"npt {self.grid_.rows}x{self.grid_.cols} {self.mode_}", initial=begin.step)
         offset = history.last_value("time", default=0.0)
-        run = self._run_spec(begin.step, stop, offset, lambda done, loss: bar.update(done, loss=loss))
+        run = self._run_spec(begin.step, stop, offset, lambda done, loss: bar.update(done, loss=loss), history)
         record = RunRecord(self.grid_, history)
         self._grid_state = None
         # a resumed run that had no step left ends in the store it resumed from
@@ -466,8 +467,11 @@ class NPTTrainer(BaseTrainer):
         if record.diverged is not None:
             raise TrainingDiverged(*record.diverged)
 
-    def _run_spec(self, start: int, stop: int, offset: float, progress) -> RunSpec:
-        """What the engine runs: steps ``start .. stop - 1`` of this fit, its evaluations and checkpoints."""
+    def _run_spec(self, start: int, stop: int, offset: float, progress, history: HistoryRecorder) -> RunSpec:
+        """What the engine runs: steps ``start .. stop - 1`` of this fit, its evaluations and checkpoints.
+
+        ``history`` is the run's record of its rows, which each checkpoint saves beside it.
+        """
         settings, data, order = self._settings, self._data, self.batch_order_
         eval_every = settings["eval_every"] or order.steps_per_epoch
         ckpt_every = settings["checkpoint_every"]
@@ -487,7 +491,7 @@ class NPTTrainer(BaseTrainer):
             checkpoint_steps=frozenset(
                 d for d in steps if checkpointed and (d == stop or (ckpt_every and d % ckpt_every == 0))
             ),
-            on_checkpoint=self._block_checkpoint_fn(stop),
+            on_checkpoint=self._block_checkpoint_fn(stop, history),
             progress=progress,
             time_offset=offset,
             chains=self._chains() if self.mode_ == "graph" else 0,
@@ -516,10 +520,12 @@ class NPTTrainer(BaseTrainer):
             attrs["pipeline"] = next(name for name, chains in CHAINS.items() if chains == run.chains)
         return attrs
 
-    def _block_checkpoint_fn(self, stop: int):
-        """``save(step, layout, write) -> path``: a store whose blocks the cells write, committed here.
+    def _block_checkpoint_fn(self, stop: int, history: HistoryRecorder):
+        """``save(step, layout, write, rows) -> path``: a store whose blocks the cells write, committed here.
 
         ``write(tmp)`` writes every block from its cell; the store of step ``stop`` becomes the final one.
+        The history through ``step`` (``history``'s rows, then ``rows``) is saved beside it first, as
+        serial training saves it, so that a run resumed after its job ended keeps every row.
 
         One format for both modes (graph mode cuts it on the grid, resident mode on its virtual Cannon
         grid): either resumes the other's checkpoints, on any grid.
@@ -535,7 +541,9 @@ class NPTTrainer(BaseTrainer):
         training = self._training_config(settings)
         extra = {"grid": f"{self.grid_.rows}x{self.grid_.cols}", "mode": self.mode_}
 
-        def save(step, layout, write):
+        def save(step, layout, write, rows):
+            saved = history.with_rows({d: values for d, values in rows.items() if d <= step})
+            store.save_history(saved.to_dataset(self._history_attrs(settings)), Path(directory) / store.HISTORY_STORE)
             attrs = store.checkpoint_attrs(net, step, order.get_state(), training, extra)
             path = store.write_block_group(store.checkpoint_path(directory, step), layout, write, attrs)
             if step == stop:
