@@ -183,16 +183,26 @@ def generations(seen, workers=2) -> float:
     return len(seen.addresses) / workers
 
 
-def steps_lasting(seconds: float, fit, pilot: int, multiple: int) -> int:
-    """Steps that ``fit(steps)`` takes about ``seconds`` for, undisturbed, timed on a ``pilot`` run.
+def steps_per_second(fit, pilot: int) -> float:
+    """The rate of ``fit(steps)``, undisturbed, timed on a ``pilot`` run (its set-up included: a low estimate).
 
-    The retiring tests size their runs by the machine's speed, so that every run spans the same
-    number of worker lifetimes on a faster or a slower machine.
+    The retiring tests size their runs and checkpoints by the machine's speed, so that every run spans
+    the same number of worker lifetimes, and checkpoints the same share of one, on a faster or a slower
+    machine.
     """
     start = time.monotonic()
     fit(pilot)
-    rate = pilot / (time.monotonic() - start)
-    return max(multiple, int(rate * seconds) // multiple * multiple)
+    return pilot / (time.monotonic() - start)
+
+
+def rounded(steps: float, multiple: int) -> int:
+    """``steps`` down to a multiple of ``multiple``, at least one."""
+    return max(multiple, int(steps) // multiple * multiple)
+
+
+def steps_lasting(seconds: float, fit, pilot: int, multiple: int) -> int:
+    """Steps that ``fit(steps)`` takes about ``seconds`` for, timed on a ``pilot`` run."""
+    return rounded(steps_per_second(fit, pilot) * seconds, multiple)
 
 
 def test_npt_graph_rides_through_workers_retiring_at_their_walltime(tmp_path, data):
@@ -218,16 +228,20 @@ def test_npt_resident_rides_through_workers_retiring_at_their_walltime(tmp_path,
     X, y = data
     with retiring_cluster(tmp_path, "20s", "4s") as (c, seen):
         pilot = NPTTrainer((16,), grid="1x2", mode="resident", client=c, **COMMON)
-        steps = steps_lasting(40, lambda n: pilot.fit(X, y, steps=n), pilot=1000, multiple=500)
-        # checkpoints every second or two: a restart redoes at most that much, whoever leaves next
+        rate = steps_per_second(lambda n: pilot.fit(X, y, steps=n), pilot=1000)
+        # A worker leaves about every 10 s and its replacement joins several seconds later: both workers are there
+        # for a few seconds at a time. Each departure restarts the stretch since the last checkpoint, and the
+        # run gives up after three in a row (daskann.npt.resident-restarts): stretches of about a second and
+        # a half, set-up and save included, fit those windows on a fast machine or a slow one.
+        steps, every = rounded(rate * 40, 500), rounded(rate * 1.5, 50)
         trainer = NPTTrainer(
-            (16,), grid="1x2", mode="resident", client=c, checkpoint={"dir": tmp_path / "run", "every": 500}, **COMMON
+            (16,), grid="1x2", mode="resident", client=c, checkpoint={"dir": tmp_path / "run", "every": every}, **COMMON
         )
         start = time.monotonic()
         got = params(trainer.fit(X, y, steps=steps).model_)
         seconds = round(time.monotonic() - start, 1)
     difference = relative_difference(got, serial(data, steps))
-    report("npt resident, workers retiring", steps=steps, generations=generations(seen),
+    report("npt resident, workers retiring", steps=steps, checkpoint_every=every, generations=generations(seen),
            recoveries=trainer.recoveries_, seconds=seconds,
            difference=f"{difference:.1e}")  # fmt: skip
     assert generations(seen) >= 2 and difference <= TOLERANCE
