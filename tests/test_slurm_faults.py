@@ -211,7 +211,8 @@ def test_npt_graph_rides_through_workers_retiring_at_their_walltime(tmp_path, da
     X, y = data
     with retiring_cluster(tmp_path) as (c, seen):
         pilot = NPTTrainer((16,), grid="1x2", mode="graph", client=c, **COMMON)
-        steps = steps_lasting(75, lambda n: pilot.fit(X, y, steps=n), pilot=100, multiple=50)
+        # 45 s: the first two workers (25 s, give or take 5) and their replacements are seen well before the end
+        steps = steps_lasting(45, lambda n: pilot.fit(X, y, steps=n), pilot=100, multiple=50)
         trainer = NPTTrainer(
             (16,), grid="1x2", mode="graph", client=c, checkpoint={"dir": tmp_path / "run", "every": 50}, **COMMON
         )
