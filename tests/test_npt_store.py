@@ -20,7 +20,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from daskann import SerialTrainer, StoreError, TrainingDiverged, load_checkpoint
 from daskann.data import make_linear
 from daskann.npt import NPTTrainer
-from daskann.store import checkpoint_path, verify_path
+from daskann.store import checkpoint_path, load_history, verify_path
 
 TOL = 1e-10
 
@@ -69,6 +69,9 @@ def test_cells_write_their_blocks_and_any_grid_resumes(client4, regression, tmp_
     ckpt = load_checkpoint(store)
     assert ckpt.step == 4 and ckpt.extra["grid"] == "2x2"
     # re-cut on other grids (more cells than workers, too) and in a single process
+    # beside it, the history through step 4, with the columns of the run's own history
+    saved = load_history(run / "history.zarr")
+    assert list(saved["step"].values) == [1, 2, 3, 4] and set(saved.data_vars) <= set(npt.history_.data_vars)
     reference = SerialTrainer((12,), **KWARGS).fit(X, y, steps=7)
     for grid in ("1x3", "3x3"):
         other = NPTTrainer((12,), grid=grid, mode="graph", engine={"share_workers": True}, client=client4, **KWARGS)
@@ -76,6 +79,7 @@ def test_cells_write_their_blocks_and_any_grid_resumes(client4, regression, tmp_
         # the history saved beside the checkpoint carries steps 1 to 4 on
         assert list(other.history_["step"].values) == [1, 2, 3, 4, 5, 6, 7]
         np.testing.assert_allclose(other.history_["loss"].values, reference.history_["loss"].values, rtol=1e-12)
+        assert set(other.history_.data_vars) == set(npt.history_.data_vars)
         assert _max_error(other, reference) < TOL
     assert _max_error(SerialTrainer((12,), **KWARGS).fit(X, y, steps=7, resume=run), reference) < TOL
 
@@ -248,6 +252,7 @@ def test_resident_cells_write_their_blocks_and_any_grid_or_mode_resumes(client4,
         # the history saved beside the checkpoint carries steps 1 to 4 on
         assert list(other.history_["step"].values) == [1, 2, 3, 4, 5, 6, 7]
         np.testing.assert_allclose(other.history_["loss"].values, reference.history_["loss"].values, rtol=1e-12)
+        assert set(other.history_.data_vars) == set(npt.history_.data_vars)
         assert _max_error(other, reference) < TOL
     assert _max_error(SerialTrainer((12,), **KWARGS).fit(X, y, steps=7, resume=run), reference) < TOL
     # on the same grid, resuming changes no bit

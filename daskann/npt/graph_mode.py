@@ -817,8 +817,10 @@ class _Attempt:
         # each cell writes its blocks; the client commits the store once every digest is back, waiting as for a
         # step: a grid worker lost here means a replay, not an error
         state = self.states[done]
+        # the history beside it: each row without the attempt that recorded it (a key of the task timings)
+        rows = {d: {k: v for k, v in row.items() if k != "_attempt"} for d, row in self.rows.items()}
         path = run.on_checkpoint(
-            done, self.engine.store_layout(), lambda tmp: state.save(tmp, gather=self._gather), self.rows
+            done, self.engine.store_layout(), lambda tmp: state.save(tmp, gather=self._gather), rows
         )
         self.restart_from = RunStart(done, path=path)
 
