@@ -63,19 +63,40 @@ def example_env(tmp_path) -> dict:
     return env
 
 
-STEPS = 15000
-SETTINGS = f"--dataset digits --hidden 32 --lr 0.05 --momentum 0.9 --steps {STEPS}"
-TRAINING = f"{SETTINGS} --mode resident --grid 1x2"
+NET = "--dataset digits --hidden 32 --lr 0.05 --momentum 0.9"
+RESIDENT = "--mode resident --grid 1x2"
+CHECKPOINT_EVERY = 1000
+
+
+def chained_steps(tmp_path) -> int:
+    """Steps of the chained run: at least 15,000, and 150 s of training at this machine's rate.
+
+    A one-minute allocation trained 6,000 to 11,000 of these steps here: the run must outlast the
+    first allocation on a faster machine too. The rate is a short run's own (its history's time,
+    the embedded cluster's start left out), with the chain's settings.
+    """
+    out = tmp_path / "pilot"
+    pilot = subprocess.run(
+        [sys.executable, "-m", "daskann", "train", "npt", *NET.split(), *RESIDENT.split(), "--steps", "1000",
+         "--checkpoint-every", str(CHECKPOINT_EVERY), "--output", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert pilot.returncode == 0, pilot.stderr[-2000:]
+    history = load_history(out / "history.zarr")
+    rate = history.sizes["step"] / float(history["time"].values[-1])
+    print(f"pilot: {rate:.0f} steps per second")
+    return max(15000, int(rate * 150) // CHECKPOINT_EVERY * CHECKPOINT_EVERY)
 
 
 @pytest.mark.timeout(900)
 def test_a_run_longer_than_an_allocation_continues_in_the_next_job_and_equals_one_run(tmp_path):
+    steps = chained_steps(tmp_path)
     run = tmp_path / "run"
     env = {
         **example_env(tmp_path),
         "DASKANN_RUN": str(run),
-        "DASKANN_TRAINING": TRAINING,
-        "DASKANN_CHECKPOINT_EVERY": "1000",
+        "DASKANN_TRAINING": f"{NET} --steps {steps} {RESIDENT}",
+        "DASKANN_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY),
     }
     jobs = []
     for _ in range(5):  # each allocation has one minute; the chain ends once the run is complete
@@ -91,7 +112,8 @@ def test_a_run_longer_than_an_allocation_continues_in_the_next_job_and_equals_on
         print(f"--- driver job {job}\n{log[-1500:]}")
     assert timed_out and resumed and len(completed) == 1, "one job reached its walltime, a later one finished"
     serial = subprocess.run(
-        [sys.executable, "-m", "daskann", "train", "serial", *SETTINGS.split(), "--output", str(tmp_path / "serial")],
+        [sys.executable, "-m", "daskann", "train", "serial", *NET.split(), "--steps", str(steps), "--output",
+         str(tmp_path / "serial")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert serial.returncode == 0, serial.stderr[-2000:]
@@ -99,12 +121,12 @@ def test_a_run_longer_than_an_allocation_continues_in_the_next_job_and_equals_on
         params(load_checkpoint(run / "model.zarr").model),
         params(load_checkpoint(tmp_path / "serial" / "model.zarr").model),
     )
-    print(f"chained allocations: jobs {jobs}, timed out {timed_out}, resumed from steps {resumed}, "
+    print(f"chained allocations of {steps} steps: jobs {jobs}, timed out {timed_out}, resumed from steps {resumed}, "
           f"completed by {completed}; relative difference to one serial run {difference:.1e}")  # fmt: skip
     assert difference <= 1e-9
     # each allocation saved its rows beside its checkpoints: the history is the whole run's, as one run's
     history, reference = (load_history(d / "history.zarr") for d in (run, tmp_path / "serial"))
-    assert list(history["step"].values) == list(range(1, STEPS + 1))
+    assert list(history["step"].values) == list(range(1, steps + 1))
     np.testing.assert_allclose(history["loss"].values, reference["loss"].values, rtol=1e-9)
 
 
