@@ -804,6 +804,28 @@ def wait_watching(futures, look, *, poll: float | None = None, watch=None):
             watch()
 
 
+def result_within(future, timeout: float):
+    """``future.result()``, after waiting at most ``timeout`` seconds for its task to finish.
+
+    Only the wait is timed, never the transfer of the result. distributed's
+    ``future.result(timeout=...)`` times both, and a timeout that fires before the
+    transfer has started cancels the gather that the client shares among its callers:
+    every later result of that client then fails (``UnboundLocalError`` in
+    ``distributed.utils.sync``). A wait cancels nothing the client shares.
+
+    Raises
+    ------
+    TimeoutError
+        The task did not finish within ``timeout`` seconds.
+    """
+    if not future.done():  # a done callback runs on a thread of its own, a millisecond or so later
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())
+        if not done.wait(timeout):
+            raise TimeoutError(f"{future.key} did not finish within {timeout:g} s")
+    return future.result()
+
+
 def worker_threads(c: Client) -> dict[str, int]:
     """``{address: nthreads}`` of the client's workers, asked of the scheduler itself (see :func:`worker_addresses`)."""
     info = c.sync(c.scheduler.identity, n_workers=-1)["workers"]

@@ -11,6 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 import dask
+import numpy as np
 import psutil
 import pytest
 from distributed import Client
@@ -402,6 +403,25 @@ def test_resolve_client(client2):
         with resolve_client("tcp://127.0.0.1:8786"):
             pass
     assert isinstance(client2, Client)
+
+
+def test_result_within_times_the_wait_for_a_result_not_its_transfer(client2):
+    # future.result(timeout=...) also times the transfer of a finished result: a 1 ms timeout raises on
+    # a 1.6 MB result from another process here, and one that fires before the transfer has started
+    # cancels the gather the client shares, so every later result of that client fails. A client of its
+    # own keeps such a failure from reaching the session's.
+    from daskann.cluster import result_within
+
+    with Client(client2.cluster, set_as_default=False) as c:
+        for _ in range(20):
+            future = c.submit(np.ones, 200_000, pure=False)
+            while future.status != "finished":
+                time.sleep(0.005)
+            assert result_within(future, 0.001).shape == (200_000,)
+        running = c.submit(time.sleep, 1, pure=False)
+        with pytest.raises(TimeoutError, match="did not finish within 0.01 s"):
+            result_within(running, 0.01)
+        assert c.submit(sum, [1, 2], pure=False).result() == 3
 
 
 class _RetiringPair:

@@ -360,7 +360,9 @@ def test_a_worker_death_beyond_the_allowed_failures_names_the_submodel(client2, 
 
 
 def test_a_slow_submodel_phase_times_out_instead_of_hanging(client2, digits):
-    trainer = PartitionTrainer((32, 32), **_settings(), k=2, split={"sub_steps": 300, "timeout": 0.01}, client=client2)
+    # sub-models of a second or more: the deadline is seen within 0.1 s (as_completed's poll), before either ends
+    split = {"sub_steps": 10000, "timeout": 0.01}
+    trainer = PartitionTrainer((32, 32), **_settings(), k=2, split=split, client=client2)
     with pytest.raises(TimeoutError, match=r"timeout=0.01 s is not enough: sub-models \[0, 1\]"):
         trainer.fit(digits.X_train, digits.y_train, steps=5)
     # the cancelled tasks leave the cluster usable

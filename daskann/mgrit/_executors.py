@@ -22,7 +22,7 @@ from daskann import config
 from daskann._blas import one_blas_thread
 from daskann._dask_input import is_dask_array, materialize
 from daskann._validation import invalid, named_error
-from daskann.cluster import wait_watching, worker_addresses, workers_left
+from daskann.cluster import result_within, wait_watching, worker_addresses, workers_left
 from daskann.exceptions import DaskannError, LostWorkersError
 from daskann.mgrit._kernels import release_kept
 from daskann.mgrit._plan import owner
@@ -160,12 +160,12 @@ class DaskExecutor:
         """
         client, prefix = self.scheduler, f"{prefix}-measure-{uuid.uuid4().hex[:6]}"
         step = client.submit(_time_step, self._context, rounds, key=f"{prefix}-step", pure=False)
-        step_seconds = step.result(timeout=self.timeout)
+        step_seconds = result_within(step, self.timeout)
         t0 = time.perf_counter()
         future = None
         for i in range(rounds):
             future = client.submit(_noop, future, key=f"{prefix}-noop-{i}", pure=False)
-        future.result(timeout=self.timeout)
+        result_within(future, self.timeout)
         task_seconds = (time.perf_counter() - t0) / rounds
         workers = len(worker_addresses(client))
         return {"step_seconds": step_seconds, "task_seconds": task_seconds, "workers": workers}

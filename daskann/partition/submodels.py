@@ -30,7 +30,7 @@ from distributed import as_completed, get_worker
 from daskann import config, store
 from daskann._base import constructor_arguments
 from daskann._validation import named_error
-from daskann.cluster import current_client, worker_addresses
+from daskann.cluster import current_client, result_within, worker_addresses
 from daskann.nn import MLP
 from daskann.serial import SerialTrainer
 
@@ -366,7 +366,7 @@ class _SubModelTasks:
         for future in done:
             g, used, reruns = running.pop(future)
             try:
-                self.results[g] = future.result(timeout=self.remaining())
+                self.results[g] = result_within(future, self.remaining())
             except CancelledError as exc:
                 if self.rescatter is not None and _lost_with_its_data(exc, used):
                     if reruns.allow(started=self._started(future.key)):
@@ -374,7 +374,7 @@ class _SubModelTasks:
                         continue
                 self.failed[g] = exc
             except Exception as exc:
-                if future.status != "error":  # no result by the deadline: still on its way, or being recomputed
+                if future.status != "error":  # not finished by the deadline: recomputed after its result was lost
                     running[future] = (g, used, reruns)
                     self._time_out(running)
                 self.failed[g] = exc  # raised on every attempt, or its workers died (KilledWorker)
